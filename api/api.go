@@ -1,0 +1,471 @@
+// Package api owns raftlockd's HTTP surface: the lockd-compatible v1
+// endpoints, health and readiness probes and /metrics. Handlers only decode
+// requests into service parameters and encode results; every rule lives in
+// the services (packages rm and tc) and every error code is turned into an
+// HTTP status in one table (errors.go).
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/xid"
+
+	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/fsm"
+	"github.com/raftlockd/raftlockd/rm"
+	"github.com/raftlockd/raftlockd/tc"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// Leases is the key service the handlers call.
+type Leases interface {
+	Acquire(ctx context.Context, p rm.AcquireParams) (*fsm.LeaseInfo, error)
+	KeepAlive(ctx context.Context, ref rm.LeaseRef, ttlSeconds int64) (*fsm.LeaseInfo, error)
+	Update(ctx context.Context, ref rm.LeaseRef, cond rm.Conditions, body rm.Body) (*fsm.WriteResult, error)
+	Remove(ctx context.Context, ref rm.LeaseRef, cond rm.Conditions) (*fsm.WriteResult, error)
+	Get(ctx context.Context, ref rm.LeaseRef, public bool, c rm.Consistency) (fsm.Doc, error)
+	Describe(ctx context.Context, ns, key string, c rm.Consistency) (rm.Description, error)
+}
+
+// Releaser ends transactions.
+type Releaser interface {
+	Release(ctx context.Context, ref rm.LeaseRef, rollback bool) (tc.Outcome, error)
+}
+
+// Readiness says whether this node can serve requests now.
+type Readiness interface {
+	Ready(ctx context.Context) error
+}
+
+// Options configure the handler.
+type Options struct {
+	NodeID       string
+	Leases       Leases
+	Releaser     Releaser
+	Ready        Readiness
+	Leadership   Leadership   // names the leader in X-Raftlockd-Leader; optional
+	Cluster      Cluster      // /v1/cluster/status, members, leave, remove-peer; optional
+	Backups      Backups      // /v1/cluster/snapshot; optional
+	TC           TCMembership // lockd's /v1/tc/leader and /v1/tc/cluster/...; optional
+	Gatherer     prometheus.Gatherer
+	Registerer   prometheus.Registerer
+	Logger       *slog.Logger
+	MaxBodyBytes int64 // JSON request bodies; state documents are limited by the key service
+}
+
+type handler struct {
+	Options
+	metrics *httpMetrics
+}
+
+// New returns the HTTP handler of one node.
+func New(o Options) http.Handler {
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = 64 << 10
+	}
+	h := &handler{Options: o, metrics: newHTTPMetrics(o.Registerer)}
+	mux := http.NewServeMux()
+	route := func(method, path string, fn func(http.ResponseWriter, *http.Request) error) {
+		mux.Handle(path, h.wrap(path, method, fn))
+	}
+	route(http.MethodGet, "/healthz", h.healthz)
+	route(http.MethodGet, "/readyz", h.readyz)
+	route(http.MethodPost, "/v1/acquire", h.acquire)
+	route(http.MethodPost, "/v1/keepalive", h.keepalive)
+	route(http.MethodPost, "/v1/release", h.release)
+	route(http.MethodPost, "/v1/get", h.get)
+	route(http.MethodPost, "/v1/update", h.update)
+	route(http.MethodPost, "/v1/remove", h.remove)
+	route(http.MethodGet, "/v1/describe", h.describe)
+	h.routeCluster(route)
+	if o.Gatherer != nil {
+		mux.Handle("/metrics", promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{}))
+	}
+	mux.Handle("/", h.wrap("other", "", func(w http.ResponseWriter, r *http.Request) error {
+		return errcode.NotFound.With("no endpoint %s", r.URL.Path)
+	}))
+	return mux
+}
+
+// statusWriter remembers the status a handler wrote.
+type statusWriter struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusWriter) WriteHeader(code int) {
+	if s.status == 0 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap lets http.ResponseController reach the connection.
+func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+func (s *statusWriter) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+// wrap adds what every endpoint shares: method check, correlation id, the
+// serving node and the leader it knows, panic containment, error envelope
+// and metrics.
+func (h *handler) wrap(endpoint, method string, fn func(http.ResponseWriter, *http.Request) error) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		start := time.Now()
+		sw := &statusWriter{ResponseWriter: w}
+		corr := r.Header.Get(wire.HeaderCorrelationID)
+		if corr == "" || len(corr) > 128 {
+			corr = xid.New().String()
+		}
+		sw.Header().Set(wire.HeaderCorrelationID, corr)
+		if h.NodeID != "" {
+			sw.Header().Set(wire.HeaderServedBy, h.NodeID)
+		}
+		if h.Leadership != nil {
+			if id, _ := h.Leadership.Leader(); id != "" {
+				sw.Header().Set(wire.HeaderLeader, id)
+			}
+		}
+		defer func() {
+			if p := recover(); p != nil {
+				h.Logger.Error("handler panic", "endpoint", endpoint, "panic", p)
+				if sw.status == 0 {
+					writeError(r.Context(), sw, errcode.Internal.With("internal error"), h.Logger)
+				}
+			}
+			h.metrics.observe(endpoint, sw.status, time.Since(start))
+		}()
+		var err error
+		if method != "" && r.Method != method {
+			sw.Header().Set("Allow", method)
+			err = errcode.MethodNotAllowed.With("%s needs %s", r.URL.Path, method)
+		} else {
+			r = r.WithContext(withCorrelation(r.Context(), corr))
+			err = fn(sw, r)
+		}
+		if err != nil {
+			if sw.status != 0 {
+				h.Logger.Warn("error after response started", "endpoint", endpoint, "error", err)
+				return
+			}
+			writeError(r.Context(), sw, err, h.Logger)
+		}
+	})
+}
+
+type correlationKey struct{}
+
+func withCorrelation(ctx context.Context, id string) context.Context {
+	return context.WithValue(ctx, correlationKey{}, id)
+}
+
+func correlation(ctx context.Context) string {
+	id, _ := ctx.Value(correlationKey{}).(string)
+	return id
+}
+
+// decodeJSON reads a bounded JSON object, rejecting unknown fields and
+// trailing data. An empty body decodes as {}.
+func (h *handler) decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
+	body := http.MaxBytesReader(w, r.Body, h.MaxBodyBytes)
+	raw, err := io.ReadAll(body)
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			return errcode.RequestTooLarge.With("request body exceeds %d bytes", h.MaxBodyBytes)
+		}
+		return errcode.InvalidBody.With("reading body: %v", err)
+	}
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return errcode.InvalidBody.With("malformed JSON: %v", err)
+	}
+	if dec.More() {
+		return errcode.InvalidBody.With("unexpected data after the JSON object")
+	}
+	return nil
+}
+
+func firstNonEmpty(vals ...string) string {
+	for _, v := range vals {
+		if v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+func fencingHeader(r *http.Request, required bool) (int64, error) {
+	v := r.Header.Get(wire.HeaderFencingToken)
+	if v == "" {
+		if required {
+			return 0, errcode.MissingFencing.With("%s header is required", wire.HeaderFencingToken)
+		}
+		return 0, nil
+	}
+	n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+	if err != nil || n <= 0 {
+		return 0, errcode.InvalidFencing.With("%s must be a positive integer", wire.HeaderFencingToken)
+	}
+	return n, nil
+}
+
+func conditions(r *http.Request) (rm.Conditions, error) {
+	c := rm.Conditions{IfETag: r.Header.Get(wire.HeaderIfStateETag)}
+	if v := r.Header.Get(wire.HeaderIfVersion); v != "" {
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil || n < 0 {
+			return c, errcode.InvalidVersion.With("%s must be a non-negative integer", wire.HeaderIfVersion)
+		}
+		c.IfVersion = &n
+	}
+	return c, nil
+}
+
+func boolParam(r *http.Request, name string) (bool, error) {
+	v := r.URL.Query().Get(name)
+	if v == "" {
+		return false, nil
+	}
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return false, errcode.InvalidParams.With("%s must be a boolean", name)
+	}
+	return b, nil
+}
+
+// leaseRefFromHeaders builds the lease reference of get, update and remove,
+// which name the key in the query and the lease in headers.
+func leaseRefFromHeaders(r *http.Request) (rm.LeaseRef, error) {
+	q := r.URL.Query()
+	tok, err := fencingHeader(r, false)
+	return rm.LeaseRef{Namespace: q.Get("namespace"), Key: q.Get("key"), LeaseID: r.Header.Get(wire.HeaderLeaseID),
+		TxnID: r.Header.Get(wire.HeaderTxnID), Token: tok}, err
+}
+
+func unixSeconds(ms int64) int64 { return ms / 1000 }
+
+func setStateHeaders(w http.ResponseWriter, version int64, etag string, token int64) {
+	w.Header().Set(wire.HeaderKeyVersion, strconv.FormatInt(version, 10))
+	if etag != "" {
+		w.Header().Set(wire.HeaderETag, etag)
+	}
+	if token > 0 {
+		w.Header().Set(wire.HeaderFencingToken, strconv.FormatInt(token, 10))
+	}
+}
+
+func (h *handler) healthz(w http.ResponseWriter, r *http.Request) error {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = io.WriteString(w, "ok\n")
+	return nil
+}
+
+func (h *handler) readyz(w http.ResponseWriter, r *http.Request) error {
+	if h.Ready != nil {
+		if err := h.Ready.Ready(r.Context()); err != nil {
+			return err
+		}
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = io.WriteString(w, "ready\n")
+	return nil
+}
+
+func (h *handler) acquire(w http.ResponseWriter, r *http.Request) error {
+	var req wire.AcquireRequest
+	if err := h.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	lease, err := h.Leases.Acquire(r.Context(), rm.AcquireParams{
+		Namespace:   firstNonEmpty(req.Namespace, q.Get("namespace")),
+		Key:         firstNonEmpty(req.Key, q.Get("key")),
+		Owner:       req.Owner,
+		TxnID:       firstNonEmpty(req.TxnID, r.Header.Get(wire.HeaderTxnID)),
+		RequestID:   r.Header.Get(wire.HeaderIdempotencyKey),
+		TTLSeconds:  req.TTLSeconds,
+		BlockSecs:   req.BlockSecs,
+		IfNotExists: req.IfNotExists,
+	})
+	if err != nil {
+		return err
+	}
+	setStateHeaders(w, lease.Version, "", lease.Token)
+	writeJSON(w, http.StatusOK, wire.AcquireResponse{
+		Namespace: lease.Namespace, LeaseID: lease.LeaseID, TxnID: lease.TxnID, Key: lease.Key, Owner: lease.Owner,
+		ExpiresAt: unixSeconds(lease.ExpiresAt), Version: lease.Version, StateETag: lease.ETag,
+		FencingToken: lease.Token, CorrelationID: correlation(r.Context()),
+	})
+	return nil
+}
+
+func (h *handler) keepalive(w http.ResponseWriter, r *http.Request) error {
+	var req wire.KeepAliveRequest
+	if err := h.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	tok, err := fencingHeader(r, true)
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	lease, err := h.Leases.KeepAlive(r.Context(), rm.LeaseRef{
+		Namespace: firstNonEmpty(req.Namespace, q.Get("namespace")), Key: firstNonEmpty(req.Key, q.Get("key")),
+		LeaseID: req.LeaseID, TxnID: firstNonEmpty(req.TxnID, r.Header.Get(wire.HeaderTxnID)), Token: tok,
+	}, req.TTLSeconds)
+	if err != nil {
+		return err
+	}
+	w.Header().Set(wire.HeaderFencingToken, strconv.FormatInt(lease.Token, 10))
+	writeJSON(w, http.StatusOK, wire.KeepAliveResponse{ExpiresAt: unixSeconds(lease.ExpiresAt)})
+	return nil
+}
+
+func (h *handler) release(w http.ResponseWriter, r *http.Request) error {
+	var req wire.ReleaseRequest
+	if err := h.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	tok, err := fencingHeader(r, false)
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	out, err := h.Releaser.Release(r.Context(), rm.LeaseRef{
+		Namespace: firstNonEmpty(req.Namespace, q.Get("namespace")), Key: firstNonEmpty(req.Key, q.Get("key")),
+		LeaseID: req.LeaseID, TxnID: firstNonEmpty(req.TxnID, r.Header.Get(wire.HeaderTxnID)), Token: tok,
+	}, req.Rollback)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, wire.ReleaseResponse{Released: out.Released})
+	return nil
+}
+
+// consistency reads the stale=1 opt-in of get and describe.
+func consistency(r *http.Request) (rm.Consistency, error) {
+	stale, err := boolParam(r, "stale")
+	if stale {
+		return rm.Stale, err
+	}
+	return rm.Linearizable, err
+}
+
+func (h *handler) get(w http.ResponseWriter, r *http.Request) error {
+	public, err := boolParam(r, "public")
+	if err != nil {
+		return err
+	}
+	c, err := consistency(r)
+	if err != nil {
+		return err
+	}
+	ref, err := leaseRefFromHeaders(r)
+	if err != nil {
+		return err
+	}
+	doc, err := h.Leases.Get(r.Context(), ref, public, c)
+	if err != nil {
+		return err
+	}
+	setStateHeaders(w, doc.Version, doc.ETag, doc.Token)
+	if !doc.Exists {
+		w.WriteHeader(http.StatusNoContent)
+		return nil
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(doc.Bytes)))
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(doc.Bytes)
+	return nil
+}
+
+func (h *handler) update(w http.ResponseWriter, r *http.Request) error {
+	ref, err := leaseRefFromHeaders(r)
+	if err != nil {
+		return err
+	}
+	cond, err := conditions(r)
+	if err != nil {
+		return err
+	}
+	body := rm.Body{R: r.Body, ExpectedSHA256: r.Header.Get(wire.HeaderExpectedSHA256), ExpectedBytes: -1}
+	if v := r.Header.Get(wire.HeaderExpectedBytes); v != "" {
+		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		if err != nil || n < 0 {
+			return errcode.InvalidParams.With("%s must be a non-negative integer", wire.HeaderExpectedBytes)
+		}
+		body.ExpectedBytes = n
+	}
+	res, err := h.Leases.Update(r.Context(), ref, cond, body)
+	if err != nil {
+		return err
+	}
+	setStateHeaders(w, res.Version, res.ETag, ref.Token)
+	writeJSON(w, http.StatusOK, wire.UpdateResponse{NewVersion: res.Version, NewStateETag: res.ETag, Bytes: res.Bytes})
+	return nil
+}
+
+func (h *handler) remove(w http.ResponseWriter, r *http.Request) error {
+	ref, err := leaseRefFromHeaders(r)
+	if err != nil {
+		return err
+	}
+	cond, err := conditions(r)
+	if err != nil {
+		return err
+	}
+	res, err := h.Leases.Remove(r.Context(), ref, cond)
+	if err != nil {
+		return err
+	}
+	setStateHeaders(w, res.Version, "", ref.Token)
+	writeJSON(w, http.StatusOK, wire.RemoveResponse{Removed: res.Removed, NewVersion: res.Version})
+	return nil
+}
+
+func (h *handler) describe(w http.ResponseWriter, r *http.Request) error {
+	c, err := consistency(r)
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	d, err := h.Leases.Describe(r.Context(), q.Get("namespace"), q.Get("key"), c)
+	if err != nil {
+		return err
+	}
+	if !d.Exists {
+		return errcode.NotFound.With("key %s/%s has never been used", d.Namespace, d.Key)
+	}
+	rec := d.Record
+	out := wire.DescribeResponse{Namespace: d.Namespace, Key: d.Key, Version: rec.Version, StateETag: rec.ETag,
+		UpdatedAt: unixSeconds(rec.UpdatedAt), Waiters: rec.Waiters}
+	if l := rec.Lease; l != nil {
+		out.Owner, out.LeaseID, out.TxnID, out.FencingToken, out.ExpiresAt = l.Owner, l.ID, l.TxnID, l.Token, unixSeconds(l.ExpiresAt)
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}

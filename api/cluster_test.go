@@ -1,0 +1,221 @@
+package api_test
+
+import (
+	"bytes"
+	"context"
+	"net/http"
+	"os"
+	"strconv"
+	"testing"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/raftlockd/raftlockd/client"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// commitDoc acquires key, stages doc and commits it; it returns the lease's
+// fencing token.
+func (e *env) commitDoc(key, doc string) int64 {
+	e.t.Helper()
+	l := e.acquire(wire.AcquireRequest{Key: key, TTLSeconds: 30}, nil)
+	if r := e.update(l, doc); r.status != http.StatusOK {
+		e.t.Fatalf("update %s: %d %s", key, r.status, r.body)
+	}
+	if r := e.release(l, false); r.status != http.StatusOK {
+		e.t.Fatalf("release %s: %d %s", key, r.status, r.body)
+	}
+	return l.FencingToken
+}
+
+func readFile(t *testing.T, path string) []byte {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+func (e *env) saveSnapshot() []byte {
+	e.t.Helper()
+	r := e.do(http.MethodGet, "/v1/cluster/snapshot", nil, "")
+	if r.status != http.StatusOK {
+		e.t.Fatalf("save snapshot: %d %s", r.status, r.body)
+	}
+	if ct := r.header.Get("Content-Type"); ct != "application/octet-stream" {
+		e.t.Fatalf("snapshot content type %q", ct)
+	}
+	if cl := r.header.Get("Content-Length"); cl != strconv.Itoa(len(r.body)) {
+		e.t.Fatalf("Content-Length %q for %d bytes", cl, len(r.body))
+	}
+	if r.header.Get(wire.HeaderSnapshotIndex) == "" {
+		e.t.Fatal("no snapshot index header")
+	}
+	return r.body
+}
+
+// Save, write more, restore: the later writes are gone, the earlier ones
+// are back, and fencing tokens keep growing across the restore.
+func TestSnapshotSaveRestoreRoundTrip(t *testing.T) {
+	e := newEnv(t)
+	e.commitDoc("a", `{"v":"before"}`)
+	e.commitDoc("b", `{"b":1}`)
+	backup := e.saveSnapshot()
+
+	e.commitDoc("a", `{"v":"after"}`)
+	lastA := e.commitDoc("a", `{"v":"after2"}`)
+	lastC := e.commitDoc("c", `{"c":1}`)
+	held := e.acquire(wire.AcquireRequest{Key: "held", TTLSeconds: 60}, nil)
+
+	// Through the client: upload with Expect: 100-continue.
+	c, err := client.New(e.url, client.WithRetry(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var progressed int64
+	res, err := c.RestoreSnapshot(context.Background(), bytes.NewReader(backup), int64(len(backup)),
+		func(done, _ int64) { progressed = done })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Restored || res.Bytes != int64(len(backup)) || progressed != int64(len(backup)) {
+		t.Fatalf("restore answered %+v after %d bytes, want %d bytes", res, progressed, len(backup))
+	}
+
+	if r := e.publicGet("default", "a"); r.status != http.StatusOK || string(r.body) != `{"v":"before"}` {
+		t.Fatalf("a after restore: %d %s", r.status, r.body)
+	}
+	if r := e.publicGet("default", "b"); r.status != http.StatusOK || string(r.body) != `{"b":1}` {
+		t.Fatalf("b after restore: %d %s", r.status, r.body)
+	}
+	if r := e.publicGet("default", "c"); r.status != http.StatusNoContent {
+		t.Fatalf("c (written after the backup) after restore: %d %s", r.status, r.body)
+	}
+	// The lease granted after the backup is gone with the rest of that state.
+	if r := e.update(held, `{"x":1}`); r.status != http.StatusForbidden {
+		t.Fatalf("update under a lease granted after the backup: %d %s", r.status, r.body)
+	}
+	for key, last := range map[string]int64{"a": lastA, "c": lastC, "held": held.FencingToken} {
+		if l := e.acquire(wire.AcquireRequest{Key: key, TTLSeconds: 30}, nil); l.FencingToken <= last {
+			t.Fatalf("%s: token %d after restore, but %d was issued before it", key, l.FencingToken, last)
+		}
+	}
+	// The node keeps working and can be backed up again.
+	e.commitDoc("d", `{"d":1}`)
+	if again := e.saveSnapshot(); len(again) == 0 {
+		t.Fatal("empty snapshot after restore")
+	}
+}
+
+// A file that is not a raftlockd state file is refused with 400 and a
+// stable code, and the state is untouched.
+func TestBadSnapshotUploadIs400(t *testing.T) {
+	e := newEnv(t)
+	e.commitDoc("keep", `{"keep":true}`)
+	good := e.saveSnapshot()
+
+	foreign := t.TempDir() + "/other.db"
+	db, err := bolt.Open(foreign, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = db.Update(func(tx *bolt.Tx) error { _, err := tx.CreateBucket([]byte("meta")); return err })
+	db.Close()
+	foreignBytes := readFile(t, foreign)
+
+	for _, c := range []struct {
+		name, body, code string
+	}{
+		{"garbage", "this is not a snapshot", "invalid_snapshot"},
+		{"empty", "", "missing_body"},
+		{"truncated", string(good[:len(good)/3]), "invalid_snapshot"},
+		{"bbolt file of another application", string(foreignBytes), "invalid_snapshot"},
+	} {
+		r := e.do(http.MethodPost, "/v1/cluster/snapshot", nil, c.body)
+		if r.status != http.StatusBadRequest {
+			t.Fatalf("%s: %d %s, want 400", c.name, r.status, r.body)
+		}
+		wantErr(t, r, http.StatusBadRequest, c.code)
+	}
+	if r := e.publicGet("default", "keep"); r.status != http.StatusOK || string(r.body) != `{"keep":true}` {
+		t.Fatalf("state after refused uploads: %d %s", r.status, r.body)
+	}
+	wantErr(t, e.do(http.MethodPut, "/v1/cluster/snapshot", nil, ""), http.StatusMethodNotAllowed, "method_not_allowed")
+}
+
+// The operator endpoints on a one-node cluster, and their input checks.
+func TestClusterEndpointsOnOneNode(t *testing.T) {
+	e := newEnv(t)
+	id := e.srv.Node().ID()
+	e.commitDoc("s", `{"s":1}`)
+
+	r := e.do(http.MethodGet, "/v1/cluster/status", nil, "")
+	var st wire.ClusterStatusResponse
+	r.json(t, &st)
+	if r.status != http.StatusOK || st.NodeID != id || st.State != "Leader" || st.LeaderID != id ||
+		st.LeaderEndpoint != e.url || st.AppliedIndex == 0 {
+		t.Fatalf("status: %d %+v", r.status, st)
+	}
+	// Every response names the leader next to the serving node.
+	if r.header.Get(wire.HeaderLeader) != id || r.header.Get(wire.HeaderServedBy) != id {
+		t.Fatalf("headers %v", r.header)
+	}
+	if h := e.publicGet("default", "none").header; h.Get(wire.HeaderLeader) != id {
+		t.Fatalf("no leader header on a read: %v", h)
+	}
+
+	var m wire.ClusterMembersResponse
+	e.do(http.MethodGet, "/v1/cluster/members", nil, "").json(t, &m)
+	if len(m.Members) != 1 || m.Members[0].ID != id || m.Members[0].Suffrage != "voter" || !m.Members[0].Leader ||
+		m.Members[0].GossipStatus != "alive" || m.Members[0].Raft == nil || m.Members[0].Raft.State != "Leader" {
+		t.Fatalf("members: %+v", m)
+	}
+
+	// The only voter cannot leave; the node keeps serving.
+	wantErr(t, e.post("/v1/cluster/leave", nil, ""), http.StatusConflict, "last_voter")
+	wantErr(t, e.post("/v1/tc/cluster/leave", nil, ""), http.StatusConflict, "last_voter")
+	wantErr(t, e.post("/v1/cluster/remove-peer", nil, wire.RemovePeerRequest{ID: id}), http.StatusConflict, "last_voter")
+	wantErr(t, e.post("/v1/cluster/remove-peer", nil, wire.RemovePeerRequest{ID: "nobody"}), http.StatusNotFound, "not_found")
+	wantErr(t, e.post("/v1/cluster/remove-peer", nil, `{}`), http.StatusBadRequest, "invalid_params")
+	wantErr(t, e.post("/v1/cluster/remove-peer", nil, `{"id":"x","extra":1}`), http.StatusBadRequest, "invalid_body")
+	wantErr(t, e.do(http.MethodGet, "/v1/cluster/leave", nil, ""), http.StatusMethodNotAllowed, "method_not_allowed")
+
+	// lockd's TC endpoints.
+	var lead wire.TCLeaderResponse
+	e.do(http.MethodGet, "/v1/tc/leader", nil, "").json(t, &lead)
+	if lead.LeaderID != id || lead.LeaderEndpoint != e.url || lead.Term == 0 || lead.ExpiresAt < time.Now().Unix() {
+		t.Fatalf("tc leader: %+v", lead)
+	}
+	var list wire.TCClusterListResponse
+	e.do(http.MethodGet, "/v1/tc/cluster/list", nil, "").json(t, &list)
+	if len(list.Endpoints) != 1 || list.Endpoints[0] != e.url || list.UpdatedAt == 0 {
+		t.Fatalf("tc list: %+v", list)
+	}
+	var ann wire.TCClusterAnnounceResponse
+	r = e.post("/v1/tc/cluster/announce", nil, wire.TCClusterAnnounceRequest{SelfEndpoint: e.url + "/"})
+	r.json(t, &ann)
+	if r.status != http.StatusOK || len(ann.Endpoints) != 1 || ann.ExpiresAt < time.Now().Add(50*time.Second).Unix() {
+		t.Fatalf("announce: %d %s", r.status, r.body)
+	}
+	wantErr(t, e.post("/v1/tc/cluster/announce", nil, `{}`), http.StatusBadRequest, "invalid_endpoint")
+	wantErr(t, e.post("/v1/tc/cluster/announce", nil, wire.TCClusterAnnounceRequest{SelfEndpoint: "ftp://x"}),
+		http.StatusBadRequest, "invalid_endpoint")
+	wantErr(t, e.post("/v1/tc/cluster/announce", nil, wire.TCClusterAnnounceRequest{SelfEndpoint: "http://127.0.0.1:1"}),
+		http.StatusNotFound, "not_found")
+	wantErr(t, e.post("/v1/tc/cluster/leave", nil, wire.TCClusterLeaveRequest{SelfEndpoint: "http://127.0.0.1:1"}),
+		http.StatusNotFound, "not_found")
+
+	// Stale reads are an opt-in; a malformed flag is a 400.
+	if r := e.do(http.MethodPost, "/v1/get?public=1&stale=1&key=s", nil, ""); r.status != http.StatusOK || string(r.body) != `{"s":1}` {
+		t.Fatalf("stale get: %d %s", r.status, r.body)
+	}
+	var d wire.DescribeResponse
+	e.do(http.MethodGet, "/v1/describe?stale=true&key=s", nil, "").json(t, &d)
+	if d.Version != 1 {
+		t.Fatalf("stale describe: %+v", d)
+	}
+	wantErr(t, e.do(http.MethodPost, "/v1/get?public=1&stale=perhaps&key=s", nil, ""), http.StatusBadRequest, "invalid_params")
+	wantErr(t, e.do(http.MethodGet, "/v1/describe?stale=perhaps&key=s", nil, ""), http.StatusBadRequest, "invalid_params")
+}

@@ -1,0 +1,216 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// Stale reads, cluster administration, backups and lockd's TC membership
+// endpoints.
+
+// GetPublicStale reads the committed document of a key from the serving
+// node's local state, without confirming with the leader: it may miss the
+// latest writes, and it answers while the node is cut off from the leader.
+func (c *Client) GetPublicStale(ctx context.Context, ns, key string) (*Document, error) {
+	return c.get(ctx, url.Values{"namespace": {c.ns(ns)}, "key": {key}, "public": {"1"}, "stale": {"1"}}, nil)
+}
+
+// DescribeStale is Describe from the serving node's local state.
+func (c *Client) DescribeStale(ctx context.Context, ns, key string) (*wire.DescribeResponse, error) {
+	var out wire.DescribeResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodGet, path: "/v1/describe",
+		query: url.Values{"namespace": {c.ns(ns)}, "key": {key}, "stale": {"1"}}, idempotent: true}, &out)
+	return &out, err
+}
+
+// ClusterStatus returns the serving node's view of its Raft group.
+func (c *Client) ClusterStatus(ctx context.Context) (*wire.ClusterStatusResponse, error) {
+	var out wire.ClusterStatusResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodGet, path: "/v1/cluster/status", idempotent: true}, &out)
+	return &out, err
+}
+
+// ClusterMembers lists the cluster's servers with each one's Raft progress.
+func (c *Client) ClusterMembers(ctx context.Context) (*wire.ClusterMembersResponse, error) {
+	var out wire.ClusterMembersResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodGet, path: "/v1/cluster/members", idempotent: true}, &out)
+	return &out, err
+}
+
+// ClusterLeave makes the serving node leave the cluster; it shuts down
+// after answering.
+func (c *Client) ClusterLeave(ctx context.Context) (*wire.LeaveResponse, error) {
+	var out wire.LeaveResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/cluster/leave", body: []byte("{}")}, &out)
+	return &out, err
+}
+
+// RemovePeer takes server id out of the Raft configuration.
+func (c *Client) RemovePeer(ctx context.Context, id string) (*wire.RemovePeerResponse, error) {
+	body, _ := json.Marshal(wire.RemovePeerRequest{ID: id})
+	var out wire.RemovePeerResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/cluster/remove-peer", body: body, idempotent: true}, &out)
+	return &out, err
+}
+
+// Progress is told how many bytes of a transfer have moved so far and the
+// total (-1 when unknown). It is called from the transfer's goroutine.
+type Progress func(done, total int64)
+
+// SaveSnapshot writes a snapshot of the cluster's state (a raftlockd state
+// file) to w and returns its size.
+func (c *Client) SaveSnapshot(ctx context.Context, w io.Writer, progress Progress) (int64, error) {
+	resp, err := c.do(ctx, call{method: http.MethodGet, path: "/v1/cluster/snapshot", idempotent: true})
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	total := resp.ContentLength
+	n, err := io.Copy(w, &counter{r: resp.Body, total: total, progress: progress})
+	if err != nil {
+		return n, fmt.Errorf("client: receive snapshot: %w", err)
+	}
+	if total >= 0 && n != total {
+		return n, fmt.Errorf("client: snapshot ended after %d of %d bytes", n, total)
+	}
+	return n, nil
+}
+
+// RestoreSnapshot replaces the whole cluster's state with a snapshot of
+// size bytes read from src (as SaveSnapshot wrote it). Only the leader
+// restores: a follower's not_leader answer names the leader and the upload
+// goes there instead. Each attempt first asks with Expect: 100-continue, so
+// the file is sent only to a node that accepts it.
+func (c *Client) RestoreSnapshot(ctx context.Context, src io.ReadSeeker, size int64, progress Progress) (*wire.RestoreResponse, error) {
+	base := c.base
+	deadline := time.Now().Add(c.retryFor)
+	backoff := 50 * time.Millisecond
+	for redirects := 0; ; {
+		out, err := c.restoreOnce(ctx, base, src, size, progress)
+		if err == nil {
+			return out, nil
+		}
+		var e *Error
+		if errors.As(err, &e) && e.Envelope.Code == errcode.NotLeader.Code && e.Envelope.LeaderEndpoint != "" && redirects < 5 {
+			if next := strings.TrimRight(e.Envelope.LeaderEndpoint, "/"); next != base {
+				base = next
+				redirects++
+				continue
+			}
+		}
+		if !retryable(err, false) || time.Now().Add(backoff).After(deadline) {
+			return nil, err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		}
+		backoff = min(backoff*2, time.Second)
+	}
+}
+
+func (c *Client) restoreOnce(ctx context.Context, base string, src io.ReadSeeker, size int64, progress Progress) (*wire.RestoreResponse, error) {
+	if _, err := src.Seek(0, io.SeekStart); err != nil {
+		return nil, fmt.Errorf("client: rewind snapshot: %w", err)
+	}
+	body := &counter{r: src, total: size, progress: progress}
+	defer body.Close() // the transport may still hold it; src is rewound by the next attempt
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, base+"/v1/cluster/snapshot", body)
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	req.ContentLength = size
+	req.Header.Set("Content-Type", "application/octet-stream")
+	req.Header.Set("Expect", "100-continue")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("client: POST /v1/cluster/snapshot: %w", err)
+	}
+	if resp, err = checkStatus(resp); err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	var out wire.RestoreResponse
+	if err := json.NewDecoder(resp.Body).Decode(&out); err != nil {
+		return nil, fmt.Errorf("client: decode restore response: %w", err)
+	}
+	return &out, nil
+}
+
+// counter reports progress as a transfer reads through it. Once closed it
+// reads nothing more, so that its source can be reused.
+type counter struct {
+	mu       sync.Mutex
+	r        io.Reader
+	done     int64
+	total    int64
+	progress Progress
+	closed   bool
+}
+
+func (c *counter) Read(p []byte) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return 0, errors.New("client: transfer abandoned")
+	}
+	n, err := c.r.Read(p)
+	c.done += int64(n)
+	if n > 0 && c.progress != nil {
+		c.progress(c.done, c.total)
+	}
+	return n, err
+}
+
+func (c *counter) Close() error {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+	return nil
+}
+
+// TCLeader returns the leader as lockd's /v1/tc/leader reports it.
+func (c *Client) TCLeader(ctx context.Context) (*wire.TCLeaderResponse, error) {
+	var out wire.TCLeaderResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodGet, path: "/v1/tc/leader", idempotent: true}, &out)
+	return &out, err
+}
+
+// TCList returns the API endpoints of the cluster's live members.
+func (c *Client) TCList(ctx context.Context) (*wire.TCClusterListResponse, error) {
+	var out wire.TCClusterListResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodGet, path: "/v1/tc/cluster/list", idempotent: true}, &out)
+	return &out, err
+}
+
+// TCAnnounce checks that self is the endpoint of a member and returns the
+// membership list with the membership's expiry.
+func (c *Client) TCAnnounce(ctx context.Context, self string) (*wire.TCClusterAnnounceResponse, error) {
+	body, _ := json.Marshal(wire.TCClusterAnnounceRequest{SelfEndpoint: self})
+	var out wire.TCClusterAnnounceResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/tc/cluster/announce", body: body, idempotent: true}, &out)
+	return &out, err
+}
+
+// TCLeave makes the member serving endpoint self leave the cluster (the
+// serving node when self is empty) and returns the remaining members.
+func (c *Client) TCLeave(ctx context.Context, self string) (*wire.TCClusterLeaveResponse, error) {
+	body, _ := json.Marshal(wire.TCClusterLeaveRequest{SelfEndpoint: self})
+	var out wire.TCClusterLeaveResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/tc/cluster/leave", body: body}, &out)
+	return &out, err
+}

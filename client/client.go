@@ -1,0 +1,375 @@
+// Package client is raftlockd's Go SDK. It speaks the lockd-compatible v1
+// HTTP API (types from package wire), retries what is safe to retry while a
+// cluster elects a leader, and gives every acquire an idempotency key so that
+// a retry after a lost response returns the lease the first attempt got
+// instead of queueing behind it. The CLI and the benchmark tool use it.
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rs/xid"
+
+	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// Client talks to one raftlockd endpoint.
+type Client struct {
+	base      string
+	http      *http.Client
+	namespace string
+	retryFor  time.Duration
+}
+
+// Option configures a Client.
+type Option func(*Client)
+
+// WithHTTPClient sets the HTTP client (for TLS settings or timeouts).
+func WithHTTPClient(h *http.Client) Option { return func(c *Client) { c.http = h } }
+
+// WithNamespace sets the namespace used when a call names none.
+func WithNamespace(ns string) Option { return func(c *Client) { c.namespace = ns } }
+
+// WithRetry bounds how long a call keeps retrying while the cluster has no
+// leader or the connection fails (default 10s; 0 disables retries).
+func WithRetry(d time.Duration) Option { return func(c *Client) { c.retryFor = d } }
+
+// New returns a client for baseURL (for example http://127.0.0.1:9341).
+// A URL without a scheme gets http://.
+func New(baseURL string, opts ...Option) (*Client, error) {
+	if !strings.Contains(baseURL, "://") {
+		baseURL = "http://" + baseURL
+	}
+	u, err := url.Parse(baseURL)
+	if err != nil || u.Host == "" {
+		return nil, fmt.Errorf("client: bad server URL %q", baseURL)
+	}
+	c := &Client{base: strings.TrimRight(u.String(), "/"), namespace: wire.DefaultNamespace, retryFor: 10 * time.Second,
+		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second,
+			ExpectContinueTimeout: time.Second}}}
+	for _, o := range opts {
+		o(c)
+	}
+	return c, nil
+}
+
+// Error is a rejection from the server: the HTTP status and the stable
+// error envelope. errors.Is(err, errcode.Waiting) and friends work on it.
+type Error struct {
+	Status   int
+	Envelope *errcode.Error
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%s (HTTP %d)", e.Envelope.Error(), e.Status) }
+func (e *Error) Unwrap() error { return e.Envelope }
+
+// call is one HTTP exchange.
+type call struct {
+	method     string
+	path       string
+	query      url.Values
+	header     http.Header
+	body       []byte
+	idempotent bool // safe to resend after an ambiguous failure
+}
+
+// retryable reports whether a failed attempt may be resent: always when the
+// request never reached a leader, and after ambiguous failures only when the
+// call is idempotent.
+func retryable(err error, idempotent bool) bool {
+	var e *Error
+	if errors.As(err, &e) {
+		switch e.Envelope.Code {
+		case errcode.NoLeader.Code, errcode.NotLeader.Code, errcode.ShuttingDown.Code:
+			return true
+		case errcode.Unavailable.Code:
+			return idempotent
+		}
+		return false
+	}
+	var op *net.OpError
+	if errors.As(err, &op) && op.Op == "dial" {
+		return true
+	}
+	return idempotent && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+}
+
+func (c *Client) do(ctx context.Context, cl call) (*http.Response, error) {
+	deadline := time.Now().Add(c.retryFor)
+	backoff := 50 * time.Millisecond
+	for {
+		resp, err := c.once(ctx, cl)
+		if err == nil {
+			return resp, nil
+		}
+		if !retryable(err, cl.idempotent) || time.Now().Add(backoff).After(deadline) {
+			return nil, err
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return nil, err
+		}
+		backoff = min(backoff*2, time.Second)
+	}
+}
+
+func (c *Client) once(ctx context.Context, cl call) (*http.Response, error) {
+	u := c.base + cl.path
+	if len(cl.query) > 0 {
+		u += "?" + cl.query.Encode()
+	}
+	var body io.Reader = http.NoBody
+	if cl.body != nil {
+		body = bytes.NewReader(cl.body)
+	}
+	req, err := http.NewRequestWithContext(ctx, cl.method, u, body)
+	if err != nil {
+		return nil, fmt.Errorf("client: %w", err)
+	}
+	for k, vs := range cl.header {
+		req.Header[k] = vs
+	}
+	if cl.body != nil && req.Header.Get("Content-Type") == "" {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, fmt.Errorf("client: %s %s: %w", cl.method, cl.path, err)
+	}
+	return checkStatus(resp)
+}
+
+// checkStatus turns a response of 300 or above into an *Error (closing it).
+func checkStatus(resp *http.Response) (*http.Response, error) {
+	if resp.StatusCode >= 300 {
+		defer resp.Body.Close()
+		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		e := &errcode.Error{}
+		if json.Unmarshal(raw, e) != nil || e.Code == "" {
+			e = &errcode.Error{Code: "http_" + strconv.Itoa(resp.StatusCode), Detail: strings.TrimSpace(string(raw))}
+		}
+		return nil, &Error{Status: resp.StatusCode, Envelope: e}
+	}
+	return resp, nil
+}
+
+func (c *Client) doJSON(ctx context.Context, cl call, out any) (*http.Response, error) {
+	resp, err := c.do(ctx, cl)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if out != nil {
+		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
+			return nil, fmt.Errorf("client: decode %s response: %w", cl.path, err)
+		}
+	}
+	return resp, nil
+}
+
+func (c *Client) ns(ns string) string {
+	if ns == "" {
+		return c.namespace
+	}
+	return ns
+}
+
+// Lease is a held lease. Its fencing token is refreshed from responses.
+type Lease struct {
+	c *Client
+	wire.AcquireResponse
+}
+
+// Ref returns the reference used by the lease-scoped calls.
+func (l *Lease) Ref() LeaseRef {
+	return LeaseRef{Namespace: l.Namespace, Key: l.Key, LeaseID: l.LeaseID, TxnID: l.TxnID, FencingToken: l.FencingToken}
+}
+
+// Acquire obtains a lease. The request carries a fresh idempotency key that
+// is reused for every retry of this call.
+func (c *Client) Acquire(ctx context.Context, req wire.AcquireRequest) (*Lease, error) {
+	return c.AcquireWithKey(ctx, req, xid.New().String())
+}
+
+// AcquireWithKey is Acquire with a caller-chosen idempotency key: calls with
+// the same key are the same request.
+func (c *Client) AcquireWithKey(ctx context.Context, req wire.AcquireRequest, idempotencyKey string) (*Lease, error) {
+	req.Namespace = c.ns(req.Namespace)
+	body, _ := json.Marshal(req)
+	h := http.Header{}
+	h.Set(wire.HeaderIdempotencyKey, idempotencyKey)
+	l := &Lease{c: c}
+	if _, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/acquire", header: h, body: body, idempotent: true},
+		&l.AcquireResponse); err != nil {
+		return nil, err
+	}
+	return l, nil
+}
+
+// LeaseRef identifies a lease for calls made without a Lease value (for
+// example by the CLI, which keeps leases in environment variables).
+type LeaseRef struct {
+	Namespace    string
+	Key          string
+	LeaseID      string
+	TxnID        string
+	FencingToken int64
+}
+
+func (r LeaseRef) query(c *Client) url.Values {
+	return url.Values{"namespace": {c.ns(r.Namespace)}, "key": {r.Key}}
+}
+
+func (r LeaseRef) header() http.Header {
+	h := http.Header{}
+	if r.LeaseID != "" {
+		h.Set(wire.HeaderLeaseID, r.LeaseID)
+	}
+	if r.TxnID != "" {
+		h.Set(wire.HeaderTxnID, r.TxnID)
+	}
+	if r.FencingToken > 0 {
+		h.Set(wire.HeaderFencingToken, strconv.FormatInt(r.FencingToken, 10))
+	}
+	return h
+}
+
+// KeepAlive extends a lease (ttl 0: by its original TTL).
+func (c *Client) KeepAlive(ctx context.Context, r LeaseRef, ttl time.Duration) (*wire.KeepAliveResponse, error) {
+	body, _ := json.Marshal(wire.KeepAliveRequest{Namespace: c.ns(r.Namespace), Key: r.Key, LeaseID: r.LeaseID,
+		TxnID: r.TxnID, TTLSeconds: int64(ttl / time.Second)})
+	var out wire.KeepAliveResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/keepalive", header: r.header(), body: body, idempotent: true}, &out)
+	return &out, err
+}
+
+// Release commits (or, with rollback, abandons) the lease's transaction and
+// releases every lease it holds.
+func (c *Client) Release(ctx context.Context, r LeaseRef, rollback bool) (*wire.ReleaseResponse, error) {
+	body, _ := json.Marshal(wire.ReleaseRequest{Namespace: c.ns(r.Namespace), Key: r.Key, LeaseID: r.LeaseID,
+		TxnID: r.TxnID, Rollback: rollback})
+	var out wire.ReleaseResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/release", header: r.header(), body: body, idempotent: true}, &out)
+	return &out, err
+}
+
+// Conditions guard an update or removal.
+type Conditions struct {
+	IfVersion *int64
+	IfETag    string
+}
+
+func (cond Conditions) apply(h http.Header) {
+	if cond.IfVersion != nil {
+		h.Set(wire.HeaderIfVersion, strconv.FormatInt(*cond.IfVersion, 10))
+	}
+	if cond.IfETag != "" {
+		h.Set(wire.HeaderIfStateETag, cond.IfETag)
+	}
+}
+
+// Update stages a JSON document under the lease's transaction.
+func (c *Client) Update(ctx context.Context, r LeaseRef, doc []byte, cond Conditions) (*wire.UpdateResponse, error) {
+	h := r.header()
+	cond.apply(h)
+	if doc == nil {
+		doc = []byte{}
+	}
+	var out wire.UpdateResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/update", query: r.query(c), header: h, body: doc}, &out)
+	return &out, err
+}
+
+// Remove stages the removal of the key's document.
+func (c *Client) Remove(ctx context.Context, r LeaseRef, cond Conditions) (*wire.RemoveResponse, error) {
+	h := r.header()
+	cond.apply(h)
+	var out wire.RemoveResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/remove", query: r.query(c), header: h}, &out)
+	return &out, err
+}
+
+// Document is a read document; Exists is false when the key has no state.
+type Document struct {
+	Exists  bool
+	Body    []byte
+	Version int64
+	ETag    string
+}
+
+// Get reads the document the lease holder sees (its staged write included).
+func (c *Client) Get(ctx context.Context, r LeaseRef) (*Document, error) {
+	return c.get(ctx, r.query(c), r.header())
+}
+
+// GetPublic reads the committed document of a key without a lease.
+func (c *Client) GetPublic(ctx context.Context, ns, key string) (*Document, error) {
+	return c.get(ctx, url.Values{"namespace": {c.ns(ns)}, "key": {key}, "public": {"1"}}, nil)
+}
+
+func (c *Client) get(ctx context.Context, q url.Values, h http.Header) (*Document, error) {
+	resp, err := c.do(ctx, call{method: http.MethodPost, path: "/v1/get", query: q, header: h, idempotent: true})
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	d := &Document{Exists: resp.StatusCode == http.StatusOK, ETag: strings.Trim(resp.Header.Get(wire.HeaderETag), `"`)}
+	d.Version, _ = strconv.ParseInt(resp.Header.Get(wire.HeaderKeyVersion), 10, 64)
+	if d.Exists {
+		if d.Body, err = io.ReadAll(resp.Body); err != nil {
+			return nil, fmt.Errorf("client: read state: %w", err)
+		}
+	}
+	return d, nil
+}
+
+// Describe returns a key's lease and state metadata.
+func (c *Client) Describe(ctx context.Context, ns, key string) (*wire.DescribeResponse, error) {
+	var out wire.DescribeResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodGet, path: "/v1/describe",
+		query: url.Values{"namespace": {c.ns(ns)}, "key": {key}}, idempotent: true}, &out)
+	return &out, err
+}
+
+// Get reads the lease holder's view of the document.
+func (l *Lease) Get(ctx context.Context) (*Document, error) { return l.c.Get(ctx, l.Ref()) }
+
+// Update stages doc, guarded by cond.
+func (l *Lease) Update(ctx context.Context, doc []byte, cond Conditions) (*wire.UpdateResponse, error) {
+	return l.c.Update(ctx, l.Ref(), doc, cond)
+}
+
+// Remove stages the removal of the document.
+func (l *Lease) Remove(ctx context.Context, cond Conditions) (*wire.RemoveResponse, error) {
+	return l.c.Remove(ctx, l.Ref(), cond)
+}
+
+// KeepAlive extends the lease.
+func (l *Lease) KeepAlive(ctx context.Context, ttl time.Duration) (*wire.KeepAliveResponse, error) {
+	out, err := l.c.KeepAlive(ctx, l.Ref(), ttl)
+	if err == nil {
+		l.ExpiresAt = out.ExpiresAt
+	}
+	return out, err
+}
+
+// Release commits the lease's transaction (or rolls it back).
+func (l *Lease) Release(ctx context.Context, rollback bool) error {
+	_, err := l.c.Release(ctx, l.Ref(), rollback)
+	return err
+}

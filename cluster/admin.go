@@ -1,0 +1,179 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/raftlockd/raftlockd/errcode"
+)
+
+// RemovePeer takes server id out of the voter set, through the leader.
+func (n *Node) RemovePeer(ctx context.Context, id string) error {
+	addr, leader, err := n.awaitLeader(ctx)
+	if err != nil {
+		return err
+	}
+	if leader == raft.ServerID(n.cfg.NodeID) {
+		return n.removeLocal(ctx, id)
+	}
+	var reply RemoveReply
+	if err := n.peers.call(ctx, string(addr), "Remove", RemoveArgs{ID: id, Deadline: deadlineOf(ctx)}, &reply); err != nil {
+		return err
+	}
+	if reply.Err != nil {
+		return reply.Err
+	}
+	return nil
+}
+
+func (n *Node) removeLocal(ctx context.Context, id string) error {
+	cf := n.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return n.raftErr(err)
+	}
+	servers := cf.Configuration().Servers
+	found := false
+	for _, s := range servers {
+		found = found || s.ID == raft.ServerID(id)
+	}
+	if !found {
+		return errcode.NotFound.With("server %s is not a member", id)
+	}
+	if onlyVoter(servers, id) {
+		return errcode.LastVoter.With("server %s is the cluster's only voter", id)
+	}
+	timeout := 10 * time.Second
+	if d, ok := ctx.Deadline(); ok {
+		timeout = max(time.Until(d), time.Millisecond)
+	}
+	// Gossip may still see the server alive; the leader must not add it
+	// straight back.
+	if n.gossip != nil {
+		n.gossip.forget(id)
+	}
+	if err := n.raft.RemoveServer(raft.ServerID(id), 0, timeout).Error(); err != nil {
+		if n.gossip != nil {
+			n.gossip.unforget(id)
+		}
+		return n.raftErr(err)
+	}
+	return nil
+}
+
+// onlyVoter reports whether id is the one voter among servers.
+func onlyVoter(servers []raft.Server, id string) bool {
+	voters, self := 0, false
+	for _, s := range servers {
+		if s.Suffrage == raft.Voter {
+			voters++
+			self = self || s.ID == raft.ServerID(id)
+		}
+	}
+	return self && voters == 1
+}
+
+// Servers returns the Raft configuration: every member and its suffrage.
+func (n *Node) Servers() ([]raft.Server, error) {
+	cf := n.raft.GetConfiguration()
+	if err := cf.Error(); err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	return cf.Configuration().Servers, nil
+}
+
+// PeerStatus asks the server at Raft address addr for its status.
+func (n *Node) PeerStatus(ctx context.Context, addr string) (Status, error) {
+	if addr == n.RaftAddr() {
+		return n.Status(), nil
+	}
+	var st Status
+	err := n.peers.call(ctx, addr, "Stats", StatsArgs{}, &st)
+	return st, err
+}
+
+// Bootstrap starts a new cluster with servers as its voters. It may only be
+// called on a node without Raft state; calling it on every listed server
+// with the same list is as safe as calling it on one.
+func (n *Node) Bootstrap(servers []raft.Server) error {
+	return n.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
+}
+
+// HasState reports whether this node has ever been part of a cluster.
+func (n *Node) HasState() bool {
+	return n.raft.LastIndex() > 0
+}
+
+// Members lists the servers gossip knows, or only this node without gossip.
+func (n *Node) Members() []Member {
+	if n.gossip == nil {
+		return []Member{{ID: n.cfg.NodeID, RaftAddr: n.RaftAddr(), Status: "alive", Backend: n.fsm.BackendHash()}}
+	}
+	return n.gossip.Members()
+}
+
+// Leave takes this node out of the cluster: a leader hands its leadership
+// over first, then the leader removes this node from the Raft configuration
+// and gossip announces the departure. The cluster's only voter cannot leave
+// (last_voter). Afterwards the OnLeft functions run; they shut the node
+// down.
+func (n *Node) Leave(ctx context.Context) error {
+	servers, err := n.Servers()
+	if err != nil {
+		return err
+	}
+	if onlyVoter(servers, n.cfg.NodeID) {
+		return errcode.LastVoter.With("node %s is the cluster's only voter; it cannot leave", n.cfg.NodeID)
+	}
+	if n.IsLeader() && len(servers) > 1 {
+		if err := n.raft.LeadershipTransfer().Error(); err != nil {
+			return n.raftErr(err)
+		}
+	}
+	for {
+		err := n.RemovePeer(ctx, n.cfg.NodeID)
+		if err == nil || errors.Is(err, errcode.NotFound) {
+			break
+		}
+		if errors.Is(err, errcode.LastVoter) || !sleepCtx(ctx, n.done, 100*time.Millisecond) {
+			return err
+		}
+	}
+	n.cfg.Logger.Info("left the cluster")
+	if n.gossip != nil {
+		if err := n.gossip.leave(5 * time.Second); err != nil {
+			n.cfg.Logger.Warn("announcing the departure over gossip", "error", err)
+		}
+	}
+	n.watchMu.Lock()
+	hooks := slices.Clone(n.onLeft)
+	n.watchMu.Unlock()
+	for _, fn := range hooks {
+		fn()
+	}
+	return nil
+}
+
+// OnLeft registers fn to run after this node has left the cluster (through
+// Leave, whoever asked for it). fn must not block.
+func (n *Node) OnLeft(fn func()) {
+	n.watchMu.Lock()
+	defer n.watchMu.Unlock()
+	n.onLeft = append(n.onLeft, fn)
+}
+
+// GossipAddr is the address other nodes join this one at ("" without gossip).
+func (n *Node) GossipAddr() string {
+	if n.gossip == nil {
+		return ""
+	}
+	return n.gossip.addr()
+}
+
+// LastSnapshotIndex is the log index of the latest snapshot this node took
+// or installed.
+func (n *Node) LastSnapshotIndex() uint64 { return parseUint(n.raft.Stats()["last_snapshot_index"]) }

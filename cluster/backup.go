@@ -1,0 +1,181 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/fsm"
+)
+
+// Backups: an operator saves a snapshot of the replicated state (the bbolt
+// state file) from any node and restores it into the whole cluster through
+// the leader.
+
+// SnapshotInfo describes a saved snapshot.
+type SnapshotInfo struct {
+	Index uint64 // last log entry the snapshot covers
+	Term  uint64
+	Size  int64 // bytes in the stream
+}
+
+// SaveSnapshot takes a snapshot of this node's state that covers every
+// write acknowledged before the call, and opens it for reading. The stream
+// is a raftlockd state file; the caller closes it.
+func (n *Node) SaveSnapshot(ctx context.Context) (SnapshotInfo, io.ReadCloser, error) {
+	if err := n.Read(ctx, func(*fsm.View) error { return nil }); err != nil {
+		return SnapshotInfo{}, nil, err
+	}
+	for attempt := 0; ; attempt++ {
+		f := n.raft.Snapshot()
+		err := f.Error()
+		if errors.Is(err, raft.ErrNothingNewToSnapshot) && attempt == 0 {
+			// Nothing applied since this node started: give raft an entry.
+			if _, err := n.Propose(ctx, &fsm.Command{Op: fsm.OpNoop, Noop: &fsm.NoopCmd{}}); err != nil {
+				return SnapshotInfo{}, nil, err
+			}
+			continue
+		}
+		if err != nil {
+			return SnapshotInfo{}, nil, n.adminErr("snapshot", err)
+		}
+		meta, rc, err := f.Open()
+		if err != nil {
+			return SnapshotInfo{}, nil, n.adminErr("open snapshot", err)
+		}
+		return SnapshotInfo{Index: meta.Index, Term: meta.Term, Size: meta.Size}, rc, nil
+	}
+}
+
+// adminErr classifies a raft failure of an operator request: raft's own
+// errors as usual, anything else (a configuration change in flight, a
+// snapshot already running) as unavailable for now.
+func (n *Node) adminErr(what string, err error) error {
+	var e *errcode.Error
+	if errors.As(n.raftErr(err), &e) {
+		return e
+	}
+	ue := errcode.Unavailable.With("%s: %v", what, err)
+	ue.RetryAfter = 1
+	return ue
+}
+
+// RestoreInfo describes a completed restore.
+type RestoreInfo struct {
+	Bytes int64  // size of the restored state file
+	Index uint64 // applied index recorded in it
+}
+
+// Restore replaces the state of the whole cluster with a snapshot stream as
+// SaveSnapshot produces it. Only the leader restores: on any other node it
+// answers not_leader (naming the leader) before reading anything from r.
+// The stream is stored in the data directory and checked: a file that is
+// not a raftlockd state file is invalid_snapshot and changes nothing.
+//
+// Proposals wait while the state is replaced. Fencing counters and the
+// replicated clock never move back: the restored file is raised to the
+// current values first (fsm.PrepareRestore). Raft then installs it on the
+// leader and, as a snapshot, on every follower.
+func (n *Node) Restore(ctx context.Context, r io.Reader) (RestoreInfo, error) {
+	if !n.IsLeader() {
+		if _, _, err := n.awaitLeader(ctx); err != nil {
+			return RestoreInfo{}, err
+		}
+		if !n.IsLeader() {
+			return RestoreInfo{}, n.notLeader()
+		}
+	}
+	tmp, err := os.CreateTemp(n.cfg.DataDir, "restore-*.upload")
+	if err != nil {
+		return RestoreInfo{}, fmt.Errorf("cluster: restore: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	src := &readErr{r: r}
+	size, err := io.Copy(tmp, src)
+	if err == nil {
+		err = tmp.Sync()
+	}
+	if cerr := tmp.Close(); err == nil {
+		err = cerr
+	}
+	switch {
+	case src.err != nil && ctx.Err() != nil:
+		return RestoreInfo{}, fmt.Errorf("cluster: restore: %w", ctx.Err())
+	case src.err != nil:
+		return RestoreInfo{}, errcode.InvalidBody.With("reading the snapshot: %v", src.err)
+	case err != nil:
+		return RestoreInfo{}, fmt.Errorf("cluster: restore: store the snapshot: %w", err)
+	case size == 0:
+		return RestoreInfo{}, errcode.MissingBody.With("the snapshot is empty")
+	}
+	applied, err := fsm.CheckStateFile(tmp.Name())
+	if err != nil {
+		return RestoreInfo{}, err
+	}
+	if err := n.restoreFile(ctx, tmp.Name(), applied); err != nil {
+		return RestoreInfo{}, err
+	}
+	n.cfg.Logger.Warn("restored the cluster's state from a snapshot", "bytes", size, "snapshot_applied_index", applied)
+	// Move the applied index past the restore point, so that reads and a
+	// restart find the state machine where raft is.
+	if _, err := n.Propose(ctx, &fsm.Command{Op: fsm.OpNoop, Noop: &fsm.NoopCmd{}}); err != nil {
+		n.cfg.Logger.Warn("no-op after restore", "error", err)
+	}
+	return RestoreInfo{Bytes: size, Index: applied}, nil
+}
+
+// restoreFile hands the checked state file at path to raft, with proposals
+// held back from the moment the current state is read until raft has
+// replaced it.
+func (n *Node) restoreFile(ctx context.Context, path string, applied uint64) error {
+	n.restoreMu.Lock()
+	defer n.restoreMu.Unlock()
+	timeout := time.Minute
+	if d, ok := ctx.Deadline(); ok {
+		timeout = max(time.Until(d), time.Millisecond)
+	}
+	// Every entry enqueued before the gate closed is applied.
+	if err := n.raft.Barrier(timeout).Error(); err != nil {
+		return n.adminErr("restore", err)
+	}
+	if err := n.fsm.PrepareRestore(path); err != nil {
+		return err
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Errorf("cluster: restore: %w", err)
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return fmt.Errorf("cluster: restore: %w", err)
+	}
+	// raft records the snapshot after max(Index, its last index): the
+	// entries that follow must come after the file's applied index.
+	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersionMax, Index: applied, Size: st.Size()}
+	if err := n.raft.Restore(meta, f, timeout); err != nil {
+		return n.adminErr("restore", err)
+	}
+	return nil
+}
+
+// readErr remembers a failure of the reader, to tell a bad upload from a
+// local storage failure.
+type readErr struct {
+	r   io.Reader
+	err error
+}
+
+func (r *readErr) Read(p []byte) (int, error) {
+	n, err := r.r.Read(p)
+	if err != nil && err != io.EOF {
+		r.err = err
+	}
+	return n, err
+}

@@ -1,0 +1,176 @@
+package cluster
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/hashicorp/raft"
+
+	"github.com/raftlockd/raftlockd/fsm"
+	"github.com/raftlockd/raftlockd/internal/testaddr"
+)
+
+func freeAddr(t *testing.T) string { return testaddr.Free(t) }
+
+// fastGossip makes failure detection take a fraction of a second.
+func fastGossip(c *memberlist.Config) {
+	c.ProbeInterval = 100 * time.Millisecond
+	c.ProbeTimeout = 50 * time.Millisecond
+	c.GossipInterval = 20 * time.Millisecond
+	c.SuspicionMult = 1
+	c.PushPullInterval = time.Second
+	c.TCPTimeout = 500 * time.Millisecond
+	c.GossipToTheDeadTime = 2 * time.Second
+	c.DeadNodeReclaimTime = 100 * time.Millisecond
+}
+
+type gossipNode struct {
+	cfg Config
+	n   *Node
+}
+
+func gossipConfig(t *testing.T, id string, expect int, join []string) Config {
+	cfg := testConfig(t.TempDir(), "boot-a")
+	cfg.NodeID = id
+	cfg.Bootstrap = false
+	cfg.RaftBind = freeAddr(t)
+	cfg.Gossip = &GossipConfig{Bind: freeAddr(t), Join: join, BootstrapExpect: expect, APIEndpoint: "http://" + id,
+		DeadServerTimeout: time.Second, ServerStabilization: 200 * time.Millisecond, PilotInterval: 100 * time.Millisecond,
+		Tune: fastGossip}
+	return cfg
+}
+
+func openNode(t *testing.T, cfg Config) *Node {
+	t.Helper()
+	n, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
+func voters(t *testing.T, n *Node) map[string]bool {
+	t.Helper()
+	servers, err := n.Servers()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, s := range servers {
+		out[string(s.ID)] = s.Suffrage == raft.Voter
+	}
+	return out
+}
+
+func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func TestGossipBootstrapsOneClusterAndManagesVoters(t *testing.T) {
+	first := gossipConfig(t, "n1", 3, nil)
+	join := []string{first.Gossip.Bind}
+	cfgs := []Config{first, gossipConfig(t, "n2", 3, join), gossipConfig(t, "n3", 3, join)}
+	var nodes []*Node
+	// Started one by one, as an operator would: nothing bootstraps until
+	// all three see each other.
+	for i, cfg := range cfgs {
+		nodes = append(nodes, openNode(t, cfg))
+		if i < 2 {
+			time.Sleep(300 * time.Millisecond)
+			for _, n := range nodes {
+				if n.HasState() {
+					t.Fatalf("%s bootstrapped with only %d servers up", n.ID(), len(nodes))
+				}
+			}
+		}
+	}
+	leader := leaderOf(t, nodes)
+	bootstraps := 0
+	for _, n := range nodes {
+		if n.gossip.bootstrapped.Load() {
+			bootstraps++
+		}
+	}
+	if bootstraps != 1 {
+		t.Fatalf("%d nodes bootstrapped, want exactly 1", bootstraps)
+	}
+	if v := voters(t, leader); len(v) != 3 || !v["n1"] || !v["n2"] || !v["n3"] {
+		t.Fatalf("voters %v", v)
+	}
+	// Every node publishes the island's backend hash and the API endpoints.
+	waitFor(t, 5*time.Second, "metadata to spread", func() bool {
+		for _, n := range nodes {
+			for _, m := range n.Members() {
+				if m.Backend == "" || m.Backend != leader.fsm.BackendHash() || m.API != "http://"+m.ID {
+					return false
+				}
+			}
+		}
+		return true
+	})
+
+	// A fourth server joins; the leader adds it and promotes it once stable.
+	fourth := gossipConfig(t, "n4", 0, join)
+	n4 := openNode(t, fourth)
+	waitFor(t, 10*time.Second, "n4 to become a voter", func() bool { return voters(t, leader)["n4"] })
+	acquire(t, n4, "via-n4")
+
+	// It stops for good; after the dead-server timeout the leader removes it.
+	if err := n4.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, "dead n4 to be removed", func() bool {
+		_, ok := voters(t, leaderOf(t, nodes))["n4"]
+		return !ok
+	})
+	if v := voters(t, leaderOf(t, nodes)); len(v) != 3 {
+		t.Fatalf("voters after cleanup %v", v)
+	}
+}
+
+func TestRestartedNodeRejoinsWithoutHelp(t *testing.T) {
+	first := gossipConfig(t, "n1", 3, nil)
+	join := []string{first.Gossip.Bind}
+	cfgs := []Config{first, gossipConfig(t, "n2", 3, join), gossipConfig(t, "n3", 3, join)}
+	var nodes []*Node
+	for _, cfg := range cfgs {
+		nodes = append(nodes, openNode(t, cfg))
+	}
+	leader := leaderOf(t, nodes)
+	var victim int
+	for i, n := range nodes {
+		if n != leader {
+			victim = i
+		}
+	}
+	if err := nodes[victim].Close(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 10; i++ {
+		acquire(t, leader, "while-down-"+strconv.Itoa(i))
+	}
+	// Same data dir, same flags (including the bootstrap expectation).
+	back := openNode(t, cfgs[victim])
+	waitFor(t, 10*time.Second, "the restarted node to catch up", func() bool {
+		ok := false
+		_ = back.ReadStale(context.Background(), func(v *fsm.View) error { _, ok = v.Key("default", "while-down-9"); return nil })
+		return ok
+	})
+	if back.gossip.bootstrapped.Load() {
+		t.Fatal("a restarted node bootstrapped again")
+	}
+	if v := voters(t, leader); len(v) != 3 || !v[back.ID()] {
+		t.Fatalf("voters after restart %v", v)
+	}
+}

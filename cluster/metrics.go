@@ -1,0 +1,91 @@
+package cluster
+
+import (
+	"time"
+
+	"github.com/hashicorp/raft"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/raftlockd/raftlockd/fsm"
+)
+
+type nodeMetrics struct {
+	applyBatch     prometheus.Histogram
+	applySeconds   prometheus.Histogram
+	proposeSeconds prometheus.Histogram
+	leaderChanges  prometheus.Counter
+	storeSeconds   prometheus.Histogram
+	forwarded      prometheus.Counter
+}
+
+func newNodeMetrics(reg prometheus.Registerer, n *Node) *nodeMetrics {
+	m := &nodeMetrics{
+		applyBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "raftlockd_raft_apply_batch_entries", Help: "Log entries applied per state machine batch.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512}}),
+		applySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "raftlockd_raft_apply_batch_seconds", Help: "Time to apply one batch to the state machine.",
+			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 14)}),
+		proposeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "raftlockd_raft_propose_seconds", Help: "Time from proposing a command to its result on the leader.",
+			Buckets: prometheus.ExponentialBuckets(0.0001, 2, 14)}),
+		storeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "raftlockd_raft_log_store_seconds", Help: "Time to durably append a batch to the Raft log.",
+			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 14)}),
+		forwarded: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "raftlockd_raft_forwarded_total", Help: "Commands this node forwarded to the leader."}),
+		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "raftlockd_raft_leadership_changes_total", Help: "Leadership gained or lost by this node."}),
+	}
+	if reg == nil {
+		return m
+	}
+	reg.MustRegister(m.applyBatch, m.applySeconds, m.proposeSeconds, m.leaderChanges, m.storeSeconds, m.forwarded,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "raftlockd_raft_is_leader", Help: "1 when this node leads."},
+			func() float64 {
+				if n.IsLeader() {
+					return 1
+				}
+				return 0
+			}),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "raftlockd_raft_applied_index", Help: "Last log index applied to the state machine."},
+			func() float64 { return float64(n.fsm.Applied()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "raftlockd_raft_commit_index", Help: "Last committed log index seen by this node."},
+			func() float64 { return float64(n.raft.CommitIndex()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "raftlockd_raft_term", Help: "Current Raft term."},
+			func() float64 { return float64(n.raft.CurrentTerm()) }),
+	)
+	return m
+}
+
+// instrumentedFSM times batches on the way into the state machine, which
+// itself never reads a clock.
+type instrumentedFSM struct {
+	*fsm.FSM
+	m *nodeMetrics
+}
+
+func (i *instrumentedFSM) ApplyBatch(logs []*raft.Log) []interface{} {
+	start := time.Now()
+	out := i.FSM.ApplyBatch(logs)
+	i.m.applySeconds.Observe(time.Since(start).Seconds())
+	i.m.applyBatch.Observe(float64(len(logs)))
+	return out
+}
+
+var _ raft.BatchingFSM = (*instrumentedFSM)(nil)
+
+// timedLogStore times appends to the Raft log.
+type timedLogStore struct {
+	raft.LogStore
+	m *nodeMetrics
+}
+
+func (t *timedLogStore) StoreLogs(logs []*raft.Log) error {
+	start := time.Now()
+	err := t.LogStore.StoreLogs(logs)
+	t.m.storeSeconds.Observe(time.Since(start).Seconds())
+	return err
+}
+
+func (t *timedLogStore) StoreLog(l *raft.Log) error { return t.StoreLogs([]*raft.Log{l}) }

@@ -1,0 +1,122 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/fsm"
+)
+
+// startStatic starts n nodes on loopback and bootstraps them as one cluster.
+func startStatic(t *testing.T, count int) []*Node {
+	t.Helper()
+	var nodes []*Node
+	var servers []raft.Server
+	for i := 0; i < count; i++ {
+		cfg := testConfig(t.TempDir(), "boot-a")
+		cfg.NodeID = "n" + strconv.Itoa(i+1)
+		cfg.Bootstrap = false
+		n, err := Open(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		nodes = append(nodes, n)
+		servers = append(servers, raft.Server{ID: raft.ServerID(cfg.NodeID), Address: raft.ServerAddress(n.RaftAddr()), Suffrage: raft.Voter})
+	}
+	if err := nodes[0].Bootstrap(servers); err != nil {
+		t.Fatal(err)
+	}
+	leaderOf(t, nodes)
+	return nodes
+}
+
+func leaderOf(t *testing.T, nodes []*Node) *Node {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, n := range nodes {
+			if n.IsLeader() && n.readyTerm.Load() == n.raft.CurrentTerm() {
+				return n
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatal("no leader")
+	return nil
+}
+
+func followers(nodes []*Node, leader *Node) []*Node {
+	var out []*Node
+	for _, n := range nodes {
+		if n != leader {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+func hasKey(t *testing.T, n *Node, key string) bool {
+	t.Helper()
+	var ok bool
+	if err := n.Read(context.Background(), func(v *fsm.View) error { _, ok = v.Key("default", key); return nil }); err != nil {
+		t.Fatalf("read on %s: %v", n.ID(), err)
+	}
+	return ok
+}
+
+func TestFollowersForwardWritesAndServeLinearizableReads(t *testing.T) {
+	nodes := startStatic(t, 3)
+	leader := leaderOf(t, nodes)
+	fs := followers(nodes, leader)
+	for i := 0; i < 20; i++ {
+		key := "f-" + strconv.Itoa(i)
+		// Write through one follower, read through the other: the read must
+		// see the acknowledged write.
+		acquire(t, fs[i%2], key)
+		if !hasKey(t, fs[(i+1)%2], key) {
+			t.Fatalf("follower read missed acknowledged write %s", key)
+		}
+	}
+	// A rejected command comes back through the forwarding path intact.
+	_, err := fs[0].Propose(context.Background(), &fsm.Command{Op: fsm.OpAcquire, Acquire: &fsm.AcquireCmd{
+		Namespace: "default", Key: "f-0", Owner: "o", TxnID: "other", LeaseID: "l2", RequestID: "r2", TTL: 1000}})
+	var e *errcode.Error
+	if !errors.As(err, &e) || e.Code != errcode.Waiting.Code || e.RetryAfter == 0 {
+		t.Fatalf("forwarded rejection: %v", err)
+	}
+	st, err := fs[0].PeerStatus(context.Background(), leader.RaftAddr())
+	if err != nil || st.State != "Leader" || st.NodeID != leader.ID() {
+		t.Fatalf("peer status %+v %v", st, err)
+	}
+}
+
+func TestWritesContinueAfterTheLeaderStops(t *testing.T) {
+	nodes := startStatic(t, 3)
+	leader := leaderOf(t, nodes)
+	acquire(t, leader, "before")
+	if err := leader.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rest := followers(nodes, leader)
+	next := leaderOf(t, rest)
+	if next == leader {
+		t.Fatal("stopped node still leads")
+	}
+	for _, n := range rest {
+		acquire(t, n, "after-"+n.ID())
+	}
+	for _, n := range rest {
+		for _, key := range []string{"before", "after-" + rest[0].ID(), "after-" + rest[1].ID()} {
+			if !hasKey(t, n, key) {
+				t.Fatalf("%s lacks %s", n.ID(), key)
+			}
+		}
+	}
+}

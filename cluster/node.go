@@ -1,0 +1,420 @@
+// Package cluster owns this node's membership in its Raft group: the
+// hashicorp/raft instance with its durable log (raft-boltdb/v2), its snapshot
+// store and TCP transport, bootstrap of a new cluster, leadership
+// notifications, and the two doors other packages use to reach the
+// replicated state: Propose (a write, stamped with the leader's clock) and
+// Read (a linearizable view). Nothing outside this package touches raft.
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/rpc"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"github.com/prometheus/client_golang/prometheus"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/raftlockd/raftlockd/fsm"
+)
+
+// Clock stamps commands with the leader's time.
+type Clock interface{ Now() time.Time }
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
+
+// Config describes one node.
+type Config struct {
+	NodeID        string
+	DataDir       string
+	RaftBind      string // host:port to listen on for Raft traffic
+	RaftAdvertise string // host:port peers dial; defaults to RaftBind
+	// Bootstrap makes a node with no Raft state start a one-voter cluster.
+	Bootstrap bool
+
+	HeartbeatTimeout   time.Duration
+	ElectionTimeout    time.Duration
+	LeaderLeaseTimeout time.Duration
+	SnapshotThreshold  uint64
+	SnapshotInterval   time.Duration
+	TrailingLogs       uint64
+	// LeaderWait bounds how long a request waits for a leader to appear.
+	LeaderWait time.Duration
+
+	FSM        fsm.Options
+	Clock      Clock
+	Logger     *slog.Logger
+	Registerer prometheus.Registerer
+	// Network carries Raft and forwarded requests; default TCP.
+	Network Network
+	// Gossip, when set, discovers peers, bootstraps new clusters and lets
+	// the leader manage the voter set.
+	Gossip *GossipConfig
+}
+
+func (c *Config) defaults() {
+	if c.HeartbeatTimeout == 0 {
+		c.HeartbeatTimeout = 500 * time.Millisecond
+	}
+	if c.ElectionTimeout == 0 {
+		c.ElectionTimeout = 500 * time.Millisecond
+	}
+	if c.LeaderLeaseTimeout == 0 {
+		c.LeaderLeaseTimeout = c.HeartbeatTimeout / 2
+	}
+	if c.SnapshotThreshold == 0 {
+		c.SnapshotThreshold = 16384
+	}
+	if c.SnapshotInterval == 0 {
+		c.SnapshotInterval = 30 * time.Second
+	}
+	if c.TrailingLogs == 0 {
+		c.TrailingLogs = 10240
+	}
+	if c.LeaderWait == 0 {
+		c.LeaderWait = 5 * time.Second
+	}
+	if c.RaftAdvertise == "" {
+		c.RaftAdvertise = c.RaftBind
+	}
+	if c.Clock == nil {
+		c.Clock = wallClock{}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.Network == nil {
+		c.Network = TCP{}
+	}
+}
+
+// Directory maps node ids to the API endpoints clients should use; the
+// gossip layer provides it.
+type Directory interface {
+	APIEndpoint(id string) string
+}
+
+// Node is one member of the Raft group.
+type Node struct {
+	cfg       Config
+	raft      *raft.Raft
+	fsm       *fsm.FSM
+	store     *raftboltdb.BoltStore
+	transport *raft.NetworkTransport
+	mux       *mux
+	peers     *peers
+	gossip    *gossip
+	metrics   *nodeMetrics
+	dir       atomic.Pointer[Directory]
+
+	leader    atomic.Bool
+	readyTerm atomic.Uint64 // term whose first no-op is applied: reads are safe in it
+	stamps    stampClock
+	watchMu   sync.Mutex
+	watchers  []func(isLeader bool)
+	onLeft    []func()      // called after this node left the cluster
+	restoreMu sync.RWMutex  // held by a restore; proposals take it shared to enqueue
+	closing   atomic.Bool   // set (under restoreMu) before raft shuts down: nothing more is enqueued
+	leaderCh  chan struct{} // closed and replaced whenever leadership changes anywhere
+	notify    chan bool
+	observeCh chan raft.Observation
+	observer  *raft.Observer
+	done      chan struct{}
+	wg        sync.WaitGroup
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Open starts the node: it opens the state file, the Raft log and snapshot
+// store, binds the transport, bootstraps a new single-voter cluster when
+// asked to and none exists, and starts Raft.
+func Open(cfg Config) (n *Node, err error) {
+	cfg.defaults()
+	if cfg.NodeID == "" {
+		return nil, errors.New("cluster: node id required")
+	}
+	raftDir := filepath.Join(cfg.DataDir, "raft")
+	if err := os.MkdirAll(raftDir, 0o700); err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	n = &Node{cfg: cfg, leaderCh: make(chan struct{}), notify: make(chan bool, 8),
+		observeCh: make(chan raft.Observation, 64), done: make(chan struct{})}
+	var closers []io.Closer
+	defer func() {
+		if err != nil {
+			for i := len(closers) - 1; i >= 0; i-- {
+				_ = closers[i].Close()
+			}
+		}
+	}()
+	n.metrics = newNodeMetrics(cfg.Registerer, n)
+	cfg.FSM.Logger = cfg.Logger
+	n.fsm, err = fsm.Open(filepath.Join(cfg.DataDir, "state.db"), cfg.FSM)
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, n.fsm)
+	// The freelist is rebuilt on open instead of being rewritten (and
+	// synced) on every append.
+	n.store, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(raftDir, "raft.db"),
+		BoltOptions: &bolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType}})
+	if err != nil {
+		return nil, fmt.Errorf("cluster: open raft log: %w", err)
+	}
+	closers = append(closers, n.store)
+	hl := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, JSONFormat: true,
+		Output: hclogToSlog{log: cfg.Logger.With("component", "raft")}})
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(raftDir, 2, hl)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: snapshot store: %w", err)
+	}
+	ln, err := cfg.Network.Listen(cfg.RaftBind)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: listen %s: %w", cfg.RaftBind, err)
+	}
+	advertise, err := advertiseAddr(cfg.RaftAdvertise, ln.Addr())
+	if err != nil {
+		ln.Close()
+		return nil, err
+	}
+	rpcServer := rpc.NewServer()
+	if err := rpcServer.RegisterName("Cluster", &rpcService{n: n}); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	// The cluster port accepts connections from here on, but the RPC
+	// handlers use raft (and gossip): they wait until Open has finished
+	// (a peer's leader polls a restarting node's status every second).
+	opened := make(chan struct{})
+	defer close(opened) // runs before the closers above when Open fails
+	n.mux = newMux(ln, func(c net.Conn) {
+		<-opened
+		if n.raft == nil {
+			c.Close() // Open failed
+			return
+		}
+		rpcServer.ServeConn(c)
+	}, cfg.Logger)
+	closers = append(closers, closerFunc(func() error { n.mux.close(); return nil }))
+	n.peers = &peers{network: cfg.Network, clients: map[string]*rpc.Client{}}
+	closers = append(closers, closerFunc(func() error { n.peers.close(); return nil }))
+	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+		Stream:  &streamLayer{m: n.mux, network: cfg.Network, advertise: advertise},
+		MaxPool: 3, Timeout: 10 * time.Second, Logger: hl})
+	closers = append(closers, n.transport)
+
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(cfg.NodeID)
+	rc.Logger = hl
+	rc.NotifyCh = n.notify
+	// BatchApplyCh stays off: raft never answers an entry still queued in a
+	// buffered apply channel when it shuts down, so its proposer would wait
+	// forever. Unbuffered, every entry raft takes is answered (applied, or
+	// failed on leadership loss or shutdown), and the leader loop still
+	// takes all waiting entries as one batch.
+	rc.MaxAppendEntries = 256
+	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
+	rc.ElectionTimeout = cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
+	rc.SnapshotThreshold = cfg.SnapshotThreshold
+	rc.SnapshotInterval = cfg.SnapshotInterval
+	rc.TrailingLogs = cfg.TrailingLogs
+	if err := n.checkTrust(snaps); err != nil {
+		return nil, err
+	}
+	// The state file keeps its own applied index; when it survived, raft
+	// must not overwrite it with an older snapshot on start.
+	rc.NoSnapshotRestoreOnStart = n.fsm.Trusted()
+	n.stamps.clock = cfg.Clock
+	if err := raft.ValidateConfig(rc); err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	if cfg.Bootstrap {
+		has, err := raft.HasExistingState(n.store, n.store, snaps)
+		if err != nil {
+			return nil, fmt.Errorf("cluster: %w", err)
+		}
+		if !has {
+			conf := raft.Configuration{Servers: []raft.Server{{Suffrage: raft.Voter, ID: rc.LocalID, Address: n.transport.LocalAddr()}}}
+			if err := raft.BootstrapCluster(rc, n.store, n.store, snaps, n.transport, conf); err != nil {
+				return nil, fmt.Errorf("cluster: bootstrap: %w", err)
+			}
+			cfg.Logger.Info("bootstrapped a new cluster", "raft", n.transport.LocalAddr())
+		}
+	}
+	logs, err := raft.NewLogCache(1024, &timedLogStore{LogStore: n.store, m: n.metrics})
+	if err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	n.raft, err = raft.NewRaft(rc, &instrumentedFSM{FSM: n.fsm, m: n.metrics}, logs, n.store, snaps, n.transport)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: start raft: %w", err)
+	}
+	n.observer = raft.NewObserver(n.observeCh, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	n.raft.RegisterObserver(n.observer)
+	n.wg.Add(1)
+	go n.watchLeadership()
+	if cfg.Gossip != nil {
+		if n.gossip, err = startGossip(n, *cfg.Gossip); err != nil {
+			_ = n.raft.Shutdown().Error()
+			n.raft.DeregisterObserver(n.observer)
+			close(n.done)
+			n.wg.Wait()
+			return nil, err
+		}
+		n.SetDirectory(n.gossip)
+		n.OnLeadership(n.gossip.leaderChanged)
+	}
+	return n, nil
+}
+
+type closerFunc func() error
+
+func (f closerFunc) Close() error { return f() }
+
+// SetDirectory installs the map from node ids to API endpoints.
+func (n *Node) SetDirectory(d Directory) { n.dir.Store(&d) }
+
+// APIEndpoint returns the API endpoint of node id, when known.
+func (n *Node) APIEndpoint(id string) string {
+	if d := n.dir.Load(); d != nil {
+		return (*d).APIEndpoint(id)
+	}
+	return ""
+}
+
+// ID returns the node id.
+func (n *Node) ID() string { return n.cfg.NodeID }
+
+// RaftAddr returns the address peers reach this node's Raft transport at.
+func (n *Node) RaftAddr() string { return string(n.transport.LocalAddr()) }
+
+// IsLeader reports whether this node currently leads.
+func (n *Node) IsLeader() bool { return n.leader.Load() }
+
+// FSM exposes the state machine for read-only inspection (tests, metrics).
+func (n *Node) FSM() *fsm.FSM { return n.fsm }
+
+// OnLeadership registers fn to be told, on one goroutine and in order, every
+// time this node gains (true) or loses (false) leadership. fn must not block.
+func (n *Node) OnLeadership(fn func(isLeader bool)) {
+	n.watchMu.Lock()
+	defer n.watchMu.Unlock()
+	n.watchers = append(n.watchers, fn)
+	if n.leader.Load() {
+		fn(true)
+	}
+}
+
+// watchLeadership is the single goroutine that drains raft's notifications.
+func (n *Node) watchLeadership() {
+	defer n.wg.Done()
+	for {
+		select {
+		case isLeader := <-n.notify:
+			n.watchMu.Lock()
+			if n.leader.Swap(isLeader) != isLeader {
+				for _, fn := range n.watchers {
+					fn(isLeader)
+				}
+			}
+			n.watchMu.Unlock()
+			if isLeader {
+				n.wg.Add(1)
+				go n.establish(n.raft.CurrentTerm())
+			}
+			n.metrics.leaderChanges.Inc()
+			n.cfg.Logger.Info("leadership changed", "leader", isLeader, "term", n.raft.CurrentTerm())
+			n.kickLeaderWaiters()
+		case <-n.observeCh:
+			n.kickLeaderWaiters()
+		case <-n.done:
+			return
+		}
+	}
+}
+
+func (n *Node) kickLeaderWaiters() {
+	n.watchMu.Lock()
+	close(n.leaderCh)
+	n.leaderCh = make(chan struct{})
+	n.watchMu.Unlock()
+}
+
+// Status summarises one node's view of the cluster.
+type Status struct {
+	NodeID        string `json:"node_id"`
+	RaftAddr      string `json:"raft_addr"`
+	State         string `json:"state"`
+	Leader        string `json:"leader_id"`
+	LeaderAddr    string `json:"leader_raft_addr"`
+	Term          uint64 `json:"term"`
+	LastIndex     uint64 `json:"last_index"`
+	LastLogTerm   uint64 `json:"last_log_term"`
+	CommitIndex   uint64 `json:"commit_index"`
+	AppliedIndex  uint64 `json:"applied_index"`
+	LastContactMs int64  `json:"last_contact_ms"` // since the leader was last heard; 0 on the leader
+	BackendHash   string `json:"backend_hash,omitempty"`
+}
+
+// Status reports this node's Raft state.
+func (n *Node) Status() Status {
+	addr, id := n.raft.LeaderWithID()
+	st := Status{NodeID: n.cfg.NodeID, RaftAddr: n.RaftAddr(), State: n.raft.State().String(), Leader: string(id),
+		LeaderAddr: string(addr), Term: n.raft.CurrentTerm(), LastIndex: n.raft.LastIndex(),
+		LastLogTerm: parseUint(n.raft.Stats()["last_log_term"]), CommitIndex: n.raft.CommitIndex(),
+		AppliedIndex: n.fsm.Applied(), BackendHash: n.fsm.BackendHash()}
+	if lc := n.raft.LastContact(); !lc.IsZero() && !n.IsLeader() {
+		st.LastContactMs = time.Since(lc).Milliseconds()
+	}
+	return st
+}
+
+// HasLeader reports whether the cluster has a known leader.
+func (n *Node) HasLeader() bool {
+	addr, _ := n.raft.LeaderWithID()
+	return addr != ""
+}
+
+// Snapshot asks raft to take a snapshot now.
+func (n *Node) Snapshot() error { return n.raft.Snapshot().Error() }
+
+// Close stops raft, then closes the transport, the log and the state file.
+func (n *Node) Close() error {
+	n.closeOnce.Do(func() {
+		if n.gossip != nil {
+			n.gossip.close()
+		}
+		// Enqueue nothing from here on.
+		n.restoreMu.Lock()
+		n.closing.Store(true)
+		n.restoreMu.Unlock()
+		err := n.raft.Shutdown().Error()
+		n.raft.DeregisterObserver(n.observer)
+		close(n.done)
+		n.wg.Wait()
+		n.peers.close()
+		for _, c := range []io.Closer{n.transport, closerFunc(func() error { n.mux.close(); return nil }), n.store, n.fsm} {
+			if cerr := c.Close(); cerr != nil && err == nil {
+				err = cerr
+			}
+		}
+		n.closeErr = err
+	})
+	return n.closeErr
+}

@@ -1,0 +1,303 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/fsm"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+func testConfig(dir, boot string) Config {
+	return Config{NodeID: "n1", DataDir: dir, RaftBind: "127.0.0.1:0", Bootstrap: true,
+		HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
+		SnapshotThreshold: 1 << 20, FSM: fsm.Options{BootID: boot}}
+}
+
+func open(t *testing.T, cfg Config) *Node {
+	t.Helper()
+	n, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for !n.IsLeader() {
+		if time.Now().After(deadline) {
+			t.Fatal("node did not become leader")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	return n
+}
+
+func acquire(t *testing.T, n *Node, key string) *fsm.LeaseInfo {
+	t.Helper()
+	res, err := n.Propose(context.Background(), &fsm.Command{Op: fsm.OpAcquire, Acquire: &fsm.AcquireCmd{
+		Namespace: "default", Key: key, Owner: "o", TxnID: "txn-" + key, LeaseID: "lease-" + key,
+		RequestID: "req-" + key, TTL: 60_000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res.Lease
+}
+
+func TestRestartResumesFromTheAppliedIndex(t *testing.T) {
+	dir := t.TempDir()
+	n := open(t, testConfig(dir, "boot-a"))
+	for i := 0; i < 20; i++ {
+		acquire(t, n, "k"+strconv.Itoa(i))
+	}
+	applied := n.FSM().Applied()
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	n = open(t, testConfig(dir, "boot-a"))
+	defer n.Close()
+	if !n.FSM().Trusted() {
+		t.Fatal("cleanly closed state was not trusted")
+	}
+	if n.FSM().Applied() < applied {
+		t.Fatalf("applied index went back from %d to %d", applied, n.FSM().Applied())
+	}
+	// The restarted node re-applies nothing: the same leases, the same tokens.
+	var rec fsm.KeyRecord
+	_ = n.Read(context.Background(), func(v *fsm.View) error { rec, _ = v.Key("default", "k3"); return nil })
+	if rec.Lease == nil || rec.Fencing != 1 {
+		t.Fatalf("after restart: %+v", rec)
+	}
+	if l := acquire(t, n, "fresh"); l.Token != 1 {
+		t.Fatalf("new lease after restart: %+v", l)
+	}
+}
+
+// TestUntrustedStateIsRebuiltFromSnapshotAndLog simulates an operating
+// system crash: the state file is not trusted on restart, so it is discarded
+// and Raft restores the latest snapshot and replays the log after it.
+func TestUntrustedStateIsRebuiltFromSnapshotAndLog(t *testing.T) {
+	dir := t.TempDir()
+	n := open(t, testConfig(dir, "boot-a"))
+	for i := 0; i < 10; i++ {
+		acquire(t, n, "before-"+strconv.Itoa(i))
+	}
+	if err := n.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 10; i++ {
+		acquire(t, n, "after-"+strconv.Itoa(i))
+	}
+	var want []byte
+	_ = n.FSM().View(func(v *fsm.View) error { want = keysOnly(v); return nil })
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Mark the state file as left behind by a crash in an earlier boot.
+	raw, _ := json.Marshal(map[string]any{"clean": false, "boot_id": "boot-a"})
+	if err := os.WriteFile(filepath.Join(dir, "state.db.marker"), raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	n = open(t, testConfig(dir, "boot-b"))
+	defer n.Close()
+	if n.FSM().Trusted() {
+		t.Fatal("state from an earlier boot was trusted")
+	}
+	var got []byte
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_ = n.Read(context.Background(), func(v *fsm.View) error { got = keysOnly(v); return nil })
+		if bytes.Equal(got, want) || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatalf("rebuilt state differs:\n got %s\nwant %s", got, want)
+	}
+}
+
+// keysOnly renders every key record (leases, tokens, versions).
+func keysOnly(v *fsm.View) []byte {
+	var buf bytes.Buffer
+	for _, p := range []string{"before-", "after-"} {
+		for i := 0; i < 10; i++ {
+			rec, ok := v.Key("default", p+strconv.Itoa(i))
+			raw, _ := json.Marshal(rec)
+			buf.WriteString(strconv.FormatBool(ok))
+			buf.Write(raw)
+		}
+	}
+	return buf.Bytes()
+}
+
+func TestWithoutALeaderRequestsWaitThenFail(t *testing.T) {
+	cfg := testConfig(t.TempDir(), "boot-a")
+	cfg.Bootstrap = false // a node that never joins a cluster
+	cfg.LeaderWait = 300 * time.Millisecond
+	n, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.Close()
+	start := time.Now()
+	_, err = n.Propose(context.Background(), &fsm.Command{Op: fsm.OpSweep, Sweep: &fsm.SweepCmd{Limit: 1}})
+	if !errors.Is(err, errcode.NoLeader) {
+		t.Fatalf("propose without leader: %v", err)
+	}
+	if e := new(errcode.Error); !errors.As(err, &e) || e.RetryAfter <= 0 {
+		t.Fatalf("no retry hint: %v", err)
+	}
+	if waited := time.Since(start); waited < 250*time.Millisecond {
+		t.Fatalf("gave up after %s", waited)
+	}
+	if err := n.Read(context.Background(), func(*fsm.View) error { return nil }); !errors.Is(err, errcode.NoLeader) {
+		t.Fatalf("read without leader: %v", err)
+	}
+}
+
+func TestLeadershipIsAnnouncedAndReadsAreLinearizable(t *testing.T) {
+	n := open(t, testConfig(t.TempDir(), "boot-a"))
+	defer n.Close()
+	got := make(chan bool, 4)
+	n.OnLeadership(func(isLeader bool) { got <- isLeader })
+	if !<-got {
+		t.Fatal("leader not announced")
+	}
+	// Every acknowledged write is visible to the next read.
+	for i := 0; i < 50; i++ {
+		key := "lin-" + strconv.Itoa(i)
+		acquire(t, n, key)
+		var ok bool
+		if err := n.Read(context.Background(), func(v *fsm.View) error { _, ok = v.Key("default", key); return nil }); err != nil {
+			t.Fatal(err)
+		}
+		if !ok {
+			t.Fatalf("read missed acknowledged write %s", key)
+		}
+	}
+	st := n.Status()
+	if st.State != "Leader" || st.Leader != "n1" || st.AppliedIndex == 0 || st.Term == 0 {
+		t.Fatalf("status %+v", st)
+	}
+}
+
+func TestStateFileAheadOfTheLogIsDiscarded(t *testing.T) {
+	dir := t.TempDir()
+	n := open(t, testConfig(dir, "boot-a"))
+	for i := 0; i < 5; i++ {
+		acquire(t, n, "k"+strconv.Itoa(i))
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// The Raft directory is lost (or replaced by another cluster's).
+	if err := os.RemoveAll(filepath.Join(dir, "raft")); err != nil {
+		t.Fatal(err)
+	}
+	n = open(t, testConfig(dir, "boot-a"))
+	defer n.Close()
+	if n.FSM().Trusted() {
+		t.Fatal("a state file ahead of the log was trusted")
+	}
+	var ok bool
+	_ = n.Read(context.Background(), func(v *fsm.View) error { _, ok = v.Key("default", "k1"); return nil })
+	if ok {
+		t.Fatal("state the log no longer holds survived")
+	}
+	if l := acquire(t, n, "fresh"); l == nil {
+		t.Fatal("node does not accept writes")
+	}
+}
+
+func TestStateFileBehindTheSnapshotIsRebuilt(t *testing.T) {
+	dir := t.TempDir()
+	n := open(t, testConfig(dir, "boot-a"))
+	for i := 0; i < 10; i++ {
+		acquire(t, n, "before-"+strconv.Itoa(i))
+	}
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	old := map[string][]byte{}
+	for _, f := range []string{"state.db", "state.db.marker"} {
+		raw, err := os.ReadFile(filepath.Join(dir, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		old[f] = raw
+	}
+	n = open(t, testConfig(dir, "boot-a"))
+	for i := 0; i < 10; i++ {
+		acquire(t, n, "after-"+strconv.Itoa(i))
+	}
+	if err := n.Snapshot(); err != nil {
+		t.Fatal(err)
+	}
+	var want []byte
+	_ = n.FSM().View(func(v *fsm.View) error { want = keysOnly(v); return nil })
+	if err := n.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Put back the older, cleanly closed state file: it is behind the
+	// snapshot, as after a crash while a snapshot was being installed.
+	for f, raw := range old {
+		if err := os.WriteFile(filepath.Join(dir, f), raw, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n = open(t, testConfig(dir, "boot-a"))
+	defer n.Close()
+	if n.FSM().Trusted() {
+		t.Fatal("a state file behind the snapshot was trusted")
+	}
+	var got []byte
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		_ = n.Read(context.Background(), func(v *fsm.View) error { got = keysOnly(v); return nil })
+		if bytes.Equal(got, want) {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Fatalf("rebuilt state differs:\n got %s\nwant %s", got, want)
+}
+
+type steppedClock struct{ t time.Time }
+
+func (c *steppedClock) Now() time.Time { return c.t }
+
+func TestStampsNeverRunBackwards(t *testing.T) {
+	start := time.Now()
+	c := &steppedClock{t: start}
+	var mono time.Duration
+	s := stampClock{clock: c, mono: func() time.Duration { return mono }}
+	first := s.next(0)
+	c.t, mono = start.Add(10*time.Millisecond), 10*time.Millisecond
+	second := s.next(0)
+	if second-first != 10 {
+		t.Fatalf("stamps %d then %d, want 10ms apart", first, second)
+	}
+	// The wall clock steps back an hour: stamps keep their pace from the
+	// last one instead of going back (or freezing).
+	c.t, mono = c.t.Add(-time.Hour), 15*time.Millisecond
+	if third := s.next(0); third != second+5 {
+		t.Fatalf("after the wall clock stepped back: stamp %d, want %d", third, second+5)
+	}
+	// A replicated clock ahead of this node's clock is the floor.
+	if got := s.next(second + 60_000); got < second+60_000 {
+		t.Fatalf("stamp %d below the replicated clock %d", got, second+60_000)
+	}
+}

@@ -1,0 +1,264 @@
+package cluster
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/fsm"
+)
+
+// awaitLeader returns the current leader's Raft address and id. While the
+// cluster has none it waits up to LeaderWait, then answers no_leader.
+func (n *Node) awaitLeader(ctx context.Context) (raft.ServerAddress, raft.ServerID, error) {
+	deadline := time.NewTimer(n.cfg.LeaderWait)
+	defer deadline.Stop()
+	for {
+		n.watchMu.Lock()
+		ch := n.leaderCh
+		n.watchMu.Unlock()
+		if n.leader.Load() {
+			return n.transport.LocalAddr(), raft.ServerID(n.cfg.NodeID), nil
+		}
+		if addr, id := n.raft.LeaderWithID(); addr != "" {
+			return addr, id, nil
+		}
+		select {
+		case <-ch:
+		case <-deadline.C:
+			e := errcode.NoLeader.With("no leader elected within %s", n.cfg.LeaderWait)
+			e.RetryAfter = 1
+			return "", "", e
+		case <-ctx.Done():
+			return "", "", fmt.Errorf("cluster: waiting for a leader: %w", ctx.Err())
+		case <-n.done:
+			return "", "", shuttingDown()
+		}
+	}
+}
+
+func newBackendHash() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+func shuttingDown() *errcode.Error {
+	e := errcode.ShuttingDown.With("node is shutting down")
+	e.RetryAfter = 1
+	return e
+}
+
+// notLeader is the answer of a node that was asked to lead but does not.
+func (n *Node) notLeader() *errcode.Error {
+	e := errcode.NotLeader.With("node %s is not the leader", n.cfg.NodeID)
+	if _, id := n.raft.LeaderWithID(); id != "" {
+		e.LeaderEndpoint = n.APIEndpoint(string(id))
+	}
+	e.RetryAfter = 1
+	return e
+}
+
+// establish commits a no-op command at the start of a term. Once it is
+// applied, every entry committed by earlier leaders is applied too, so
+// reads in this term cannot miss an acknowledged write.
+func (n *Node) establish(term uint64) {
+	defer n.wg.Done()
+	for n.leader.Load() && n.raft.CurrentTerm() == term {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := n.proposeLocal(ctx, &fsm.Command{Op: fsm.OpNoop, Noop: &fsm.NoopCmd{}})
+		cancel()
+		if err == nil && n.fsm.BackendHash() == "" {
+			// The first leader of a new island names it, once.
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			_, err = n.proposeLocal(ctx, &fsm.Command{Op: fsm.OpSetBackend, SetBackend: &fsm.SetBackendCmd{Hash: newBackendHash()}})
+			cancel()
+		}
+		if err == nil {
+			n.readyTerm.Store(term)
+			n.kickLeaderWaiters()
+			return
+		}
+		select {
+		case <-n.done:
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// Propose replicates cmd and returns its result once applied on the leader.
+// On a follower the command is forwarded to the leader over the cluster
+// port with the caller's deadline. A rejected command comes back as both a
+// Result and its *errcode.Error.
+func (n *Node) Propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, error) {
+	start := time.Now()
+	for attempt := 0; ; attempt++ {
+		addr, id, err := n.awaitLeader(ctx)
+		if err != nil {
+			return nil, err
+		}
+		if id == raft.ServerID(n.cfg.NodeID) {
+			return n.proposeLocal(ctx, cmd)
+		}
+		data, err := fsm.Encode(cmd)
+		if err != nil {
+			return nil, err
+		}
+		var reply ProposeReply
+		// The call is abandoned if the leader changes while it waits for
+		// an answer; the caller learns that the outcome is unknown.
+		fctx, done := n.leaderBound(ctx, addr)
+		err = n.peers.call(fctx, string(addr), "Propose", ProposeArgs{Command: data, Deadline: deadlineOf(ctx)}, &reply)
+		done()
+		if err != nil {
+			if n.retryUndelivered(ctx, err, start) {
+				continue
+			}
+			return nil, err
+		}
+		// The node we reached stopped leading before proposing anything:
+		// ask again who leads, a few times.
+		if reply.Err != nil && reply.Err.Code == errcode.NotLeader.Code && attempt < 3 {
+			if !sleepCtx(ctx, n.done, 20*time.Millisecond) {
+				return nil, reply.Err
+			}
+			continue
+		}
+		n.metrics.forwarded.Inc()
+		if reply.Err != nil {
+			return reply.Result, reply.Err
+		}
+		if reply.Result == nil {
+			return nil, errcode.Internal.With("leader gave no result for %s", cmd.Op)
+		}
+		return reply.Result, nil
+	}
+}
+
+// retryUndelivered decides whether a request that never reached the leader
+// (which may be gone) is tried again: yes while LeaderWait has not passed
+// since start, after a pause in which a new leader may be elected.
+func (n *Node) retryUndelivered(ctx context.Context, err error, start time.Time) bool {
+	var nd notDelivered
+	if !errors.As(err, &nd) || time.Since(start) >= n.cfg.LeaderWait {
+		return false
+	}
+	return sleepCtx(ctx, n.done, 50*time.Millisecond)
+}
+
+func sleepCtx(ctx context.Context, done <-chan struct{}, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-done:
+		return false
+	}
+}
+
+// proposeLocal replicates cmd through this node, which must lead. The
+// command is stamped with the leader's clock.
+func (n *Node) proposeLocal(ctx context.Context, cmd *fsm.Command) (*fsm.Result, error) {
+	cmd.Now = n.stamps.next(n.fsm.Now())
+	data, err := fsm.Encode(cmd)
+	if err != nil {
+		return nil, err
+	}
+	timeout := 10 * time.Second
+	if d, ok := ctx.Deadline(); ok {
+		timeout = max(time.Until(d), time.Millisecond)
+	}
+	start := time.Now()
+	// A restore holds the gate while it replaces the state (backup.go);
+	// entries enqueued before it are applied before it begins.
+	n.restoreMu.RLock()
+	if n.closing.Load() {
+		n.restoreMu.RUnlock()
+		return nil, shuttingDown()
+	}
+	f := n.raft.Apply(data, timeout)
+	n.restoreMu.RUnlock()
+	if err := f.Error(); err != nil {
+		return nil, n.raftErr(err)
+	}
+	n.metrics.proposeSeconds.Observe(time.Since(start).Seconds())
+	res, ok := f.Response().(*fsm.Result)
+	if !ok || res == nil {
+		return nil, errcode.Internal.With("state machine gave no result for %s", cmd.Op)
+	}
+	return res, res.Error()
+}
+
+func (n *Node) raftErr(err error) error {
+	switch {
+	case errors.Is(err, raft.ErrNotLeader):
+		return n.notLeader()
+	case errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress):
+		e := errcode.Unavailable.With("leadership changed while the request was in flight; retry it: %v", err)
+		e.RetryAfter = 1
+		return e
+	case errors.Is(err, raft.ErrRaftShutdown):
+		return shuttingDown()
+	case errors.Is(err, raft.ErrEnqueueTimeout):
+		e := errcode.Unavailable.With("replication is overloaded: %v", err)
+		e.RetryAfter = 1
+		return e
+	}
+	return fmt.Errorf("cluster: %w", err)
+}
+
+// Now is the leader's clock as commands are stamped with it: never behind
+// the replicated clock, and advancing at the pace of the monotonic clock
+// even if the wall clock steps back.
+func (n *Node) Now() time.Time { return time.UnixMilli(n.stamps.peek(n.fsm.Now())) }
+
+// stampClock issues command timestamps (Unix ms): the wall clock, but never
+// less than the previous stamp plus the monotonic time elapsed since it.
+type stampClock struct {
+	mu     sync.Mutex
+	clock  Clock
+	mono   func() time.Duration // monotonic time; nil: since the first use
+	start  time.Time
+	lastMs int64
+	lastAt time.Duration
+	issued bool
+}
+
+func (c *stampClock) compute(floor int64) (int64, time.Duration) {
+	if c.mono == nil {
+		c.start = time.Now()
+		c.mono = func() time.Duration { return time.Since(c.start) }
+	}
+	at := c.mono()
+	ms := c.clock.Now().UnixMilli()
+	if c.issued {
+		ms = max(ms, c.lastMs+(at-c.lastAt).Milliseconds())
+	}
+	return max(ms, floor), at
+}
+
+func (c *stampClock) next(floor int64) int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ms, at := c.compute(floor)
+	c.lastMs, c.lastAt, c.issued = ms, at, true
+	return ms
+}
+
+func (c *stampClock) peek(floor int64) int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	ms, _ := c.compute(floor)
+	return ms
+}

@@ -1,0 +1,252 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/rpc"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/fsm"
+)
+
+// The internal RPC service: a follower forwards proposals and asks for read
+// indexes; the leader asks every server for its Raft progress.
+
+// ProposeArgs carries an encoded command and the caller's deadline.
+type ProposeArgs struct {
+	Command  []byte
+	Deadline int64 // Unix ns; 0: none
+}
+
+// ProposeReply carries the leader's result.
+type ProposeReply struct {
+	Result *fsm.Result
+	Err    *errcode.Error
+}
+
+// ReadIndexArgs asks the leader for a read index.
+type ReadIndexArgs struct{ Deadline int64 }
+
+// ReadIndexReply is an index the reader's state machine must reach.
+type ReadIndexReply struct {
+	Index uint64
+	Err   *errcode.Error
+}
+
+// RemoveArgs names a server to remove from the voter set.
+type RemoveArgs struct {
+	ID       string
+	Deadline int64
+}
+
+// RemoveReply reports the removal.
+type RemoveReply struct{ Err *errcode.Error }
+
+// StatsArgs asks a server for its Raft progress.
+type StatsArgs struct{}
+
+// LeaveArgs asks a server to leave the cluster.
+type LeaveArgs struct{ Deadline int64 }
+
+// LeaveReply reports the departure.
+type LeaveReply struct{ Err *errcode.Error }
+
+type rpcService struct{ n *Node }
+
+func deadlineCtx(ns int64) (context.Context, context.CancelFunc) {
+	if ns == 0 {
+		return context.WithTimeout(context.Background(), 10*time.Second)
+	}
+	return context.WithDeadline(context.Background(), time.Unix(0, ns))
+}
+
+func asErr(err error) *errcode.Error {
+	if err == nil {
+		return nil
+	}
+	var e *errcode.Error
+	if errors.As(err, &e) {
+		return e
+	}
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		e := errcode.Unavailable.With("deadline exceeded on the leader")
+		e.RetryAfter = 1
+		return e
+	}
+	return errcode.Internal.With("%v", err)
+}
+
+// Propose applies a forwarded command; only the leader accepts it, so a
+// command is never forwarded twice.
+func (s *rpcService) Propose(args ProposeArgs, reply *ProposeReply) error {
+	ctx, cancel := deadlineCtx(args.Deadline)
+	defer cancel()
+	cmd, err := fsm.Decode(args.Command)
+	if err != nil {
+		reply.Err = asErr(err)
+		return nil
+	}
+	if !s.n.IsLeader() {
+		reply.Err = s.n.notLeader()
+		return nil
+	}
+	res, err := s.n.proposeLocal(ctx, cmd)
+	reply.Result, reply.Err = res, asErr(err)
+	return nil
+}
+
+// ReadIndex returns an index covering every write acknowledged so far.
+func (s *rpcService) ReadIndex(args ReadIndexArgs, reply *ReadIndexReply) error {
+	ctx, cancel := deadlineCtx(args.Deadline)
+	defer cancel()
+	if !s.n.IsLeader() {
+		reply.Err = s.n.notLeader()
+		return nil
+	}
+	idx, err := s.n.readIndexLocal(ctx)
+	reply.Index, reply.Err = idx, asErr(err)
+	return nil
+}
+
+// Remove takes a server out of the voter set (leader only).
+func (s *rpcService) Remove(args RemoveArgs, reply *RemoveReply) error {
+	ctx, cancel := deadlineCtx(args.Deadline)
+	defer cancel()
+	if !s.n.IsLeader() {
+		reply.Err = s.n.notLeader()
+		return nil
+	}
+	reply.Err = asErr(s.n.removeLocal(ctx, args.ID))
+	return nil
+}
+
+// Leave makes this server leave the cluster (and then shut down).
+func (s *rpcService) Leave(args LeaveArgs, reply *LeaveReply) error {
+	ctx, cancel := deadlineCtx(args.Deadline)
+	defer cancel()
+	reply.Err = asErr(s.n.Leave(ctx))
+	return nil
+}
+
+// Stats reports this server's Raft progress.
+func (s *rpcService) Stats(_ StatsArgs, reply *Status) error {
+	*reply = s.n.Status()
+	return nil
+}
+
+// peers holds one multiplexed RPC client per peer address.
+type peers struct {
+	network Network
+	mu      sync.Mutex
+	clients map[string]*rpc.Client
+	closed  bool
+}
+
+func (p *peers) client(ctx context.Context, addr string) (*rpc.Client, error) {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, net.ErrClosed
+	}
+	if c := p.clients[addr]; c != nil {
+		p.mu.Unlock()
+		return c, nil
+	}
+	p.mu.Unlock()
+	timeout := 5 * time.Second
+	if d, ok := ctx.Deadline(); ok {
+		timeout = max(time.Until(d), time.Millisecond)
+	}
+	conn, err := dialProto(ctx, p.network, addr, timeout, protoRPC)
+	if err != nil {
+		return nil, err
+	}
+	c := rpc.NewClient(conn)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.closed {
+		c.Close()
+		return nil, net.ErrClosed
+	}
+	if old := p.clients[addr]; old != nil {
+		c.Close()
+		return old, nil
+	}
+	p.clients[addr] = c
+	return c, nil
+}
+
+func (p *peers) drop(addr string, c *rpc.Client) {
+	p.mu.Lock()
+	if p.clients[addr] == c {
+		delete(p.clients, addr)
+	}
+	p.mu.Unlock()
+	c.Close()
+}
+
+// notDelivered wraps a failure that happened before the request left this
+// node: retrying it cannot apply anything twice.
+type notDelivered struct{ err *errcode.Error }
+
+func (n notDelivered) Error() string { return n.err.Error() }
+func (n notDelivered) Unwrap() error { return n.err }
+
+// call invokes method on the server at addr. A failure after the request
+// was sent is reported as unavailable: it may or may not have been applied.
+func (p *peers) call(ctx context.Context, addr, method string, args, reply any) error {
+	c, err := p.client(ctx, addr)
+	if err != nil {
+		e := errcode.Unavailable.With("cannot reach %s: %v", addr, err)
+		e.RetryAfter = 1
+		return notDelivered{e}
+	}
+	call := c.Go("Cluster."+method, args, reply, make(chan *rpc.Call, 1))
+	select {
+	case <-call.Done:
+		if call.Error != nil {
+			p.drop(addr, c)
+			e := errcode.Unavailable.With("%s to %s failed: %v", method, addr, call.Error)
+			e.RetryAfter = 1
+			if errors.Is(call.Error, rpc.ErrShutdown) {
+				return notDelivered{e} // the connection was already gone
+			}
+			return e
+		}
+		return nil
+	case <-ctx.Done():
+		if errors.Is(context.Cause(ctx), errLeaderMoved) {
+			// The peer stopped leading and did not answer: its connection
+			// may lead nowhere (a host gone, a cut network).
+			p.drop(addr, c)
+			return movedError(method, addr)
+		}
+		return fmt.Errorf("cluster: %s to %s: %w", method, addr, ctx.Err())
+	}
+}
+
+func (p *peers) close() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.closed = true
+	for addr, c := range p.clients {
+		c.Close()
+		delete(p.clients, addr)
+	}
+}
+
+func deadlineOf(ctx context.Context) int64 {
+	if d, ok := ctx.Deadline(); ok {
+		return d.UnixNano()
+	}
+	return 0
+}
+
+// leaderAddr is the Raft address and id of the current leader, if any.
+func (n *Node) leaderAddr() (raft.ServerAddress, raft.ServerID) { return n.raft.LeaderWithID() }

@@ -1,0 +1,228 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// Network carries the cluster's internal traffic (Raft and forwarded
+// requests). Production uses plain TCP; tests substitute one that can cut
+// and delay links between nodes.
+type Network interface {
+	Listen(addr string) (net.Listener, error)
+	Dial(ctx context.Context, addr string) (net.Conn, error)
+}
+
+// TCP is the default Network.
+type TCP struct{}
+
+// Listen implements Network.
+func (TCP) Listen(addr string) (net.Listener, error) { return net.Listen("tcp", addr) }
+
+// Dial implements Network.
+func (TCP) Dial(ctx context.Context, addr string) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext(ctx, "tcp", addr)
+}
+
+// Every internal connection starts with one byte saying what it carries.
+const (
+	protoRaft byte = 'R'
+	protoRPC  byte = 'C'
+)
+
+// mux splits the cluster port between Raft and the RPC server.
+type mux struct {
+	ln     net.Listener
+	raftCh chan net.Conn
+	rpc    func(net.Conn)
+	log    *slog.Logger
+	done   chan struct{}
+	wg     sync.WaitGroup
+	once   sync.Once
+
+	mu    sync.Mutex
+	conns map[net.Conn]struct{} // accepted RPC connections, closed on shutdown
+}
+
+func newMux(ln net.Listener, rpc func(net.Conn), log *slog.Logger) *mux {
+	m := &mux{ln: ln, raftCh: make(chan net.Conn), rpc: rpc, log: log, done: make(chan struct{}),
+		conns: map[net.Conn]struct{}{}}
+	m.wg.Add(1)
+	go m.accept()
+	return m
+}
+
+func (m *mux) accept() {
+	defer m.wg.Done()
+	for {
+		c, err := m.ln.Accept()
+		if err != nil {
+			select {
+			case <-m.done:
+				return
+			default:
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			m.log.Warn("cluster listener failed", "error", err)
+			return
+		}
+		m.wg.Add(1)
+		go m.route(c)
+	}
+}
+
+func (m *mux) route(c net.Conn) {
+	defer m.wg.Done()
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	var b [1]byte
+	if _, err := c.Read(b[:]); err != nil {
+		c.Close()
+		return
+	}
+	_ = c.SetReadDeadline(time.Time{})
+	switch b[0] {
+	case protoRaft:
+		tc, ok := m.track(c)
+		if !ok {
+			return
+		}
+		select {
+		case m.raftCh <- tc:
+		case <-m.done:
+			tc.Close()
+		}
+	case protoRPC:
+		tc, ok := m.track(c)
+		if !ok {
+			return
+		}
+		m.rpc(tc)
+		tc.Close()
+	default:
+		m.log.Warn("unknown protocol on the cluster port", "remote", c.RemoteAddr().String(), "byte", b[0])
+		c.Close()
+	}
+}
+
+// track remembers an accepted connection until it is closed, so that
+// shutting the node down ends every connection it accepted (and the
+// goroutines serving them), whoever holds the other end.
+func (m *mux) track(c net.Conn) (net.Conn, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	select {
+	case <-m.done:
+		c.Close()
+		return nil, false
+	default:
+	}
+	tc := &trackedConn{Conn: c, m: m}
+	m.conns[tc] = struct{}{}
+	return tc, true
+}
+
+type trackedConn struct {
+	net.Conn
+	m    *mux
+	once sync.Once
+}
+
+func (t *trackedConn) Close() error {
+	t.once.Do(func() {
+		t.m.mu.Lock()
+		delete(t.m.conns, t)
+		t.m.mu.Unlock()
+	})
+	return t.Conn.Close()
+}
+
+func (m *mux) close() {
+	m.once.Do(func() {
+		close(m.done)
+		m.ln.Close()
+		m.mu.Lock()
+		conns := make([]net.Conn, 0, len(m.conns))
+		for c := range m.conns {
+			conns = append(conns, c)
+		}
+		m.mu.Unlock()
+		for _, c := range conns {
+			c.Close()
+		}
+	})
+	m.wg.Wait()
+}
+
+// streamLayer is raft's view of the mux.
+type streamLayer struct {
+	m         *mux
+	network   Network
+	advertise net.Addr
+}
+
+var _ raft.StreamLayer = (*streamLayer)(nil)
+
+func (s *streamLayer) Accept() (net.Conn, error) {
+	select {
+	case c := <-s.m.raftCh:
+		return c, nil
+	case <-s.m.done:
+		return nil, net.ErrClosed
+	}
+}
+
+// Close is a no-op: the node closes the mux after raft has shut down.
+func (s *streamLayer) Close() error { return nil }
+
+func (s *streamLayer) Addr() net.Addr { return s.advertise }
+
+func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	return dialProto(context.Background(), s.network, string(addr), timeout, protoRaft)
+}
+
+// dialProto connects to addr within timeout (or until ctx ends) and says
+// what the connection carries.
+func dialProto(ctx context.Context, n Network, addr string, timeout time.Duration, proto byte) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	c, err := n.Dial(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	_ = c.SetWriteDeadline(time.Now().Add(timeout))
+	if _, err := c.Write([]byte{proto}); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("cluster: dial %s: %w", addr, err)
+	}
+	_ = c.SetWriteDeadline(time.Time{})
+	return c, nil
+}
+
+// advertiseAddr resolves the address peers should dial.
+func advertiseAddr(advertise string, bound net.Addr) (net.Addr, error) {
+	if advertise == "" {
+		return bound, nil
+	}
+	a, err := net.ResolveTCPAddr("tcp", advertise)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: advertise address %q: %w", advertise, err)
+	}
+	if a.Port == 0 {
+		return bound, nil
+	}
+	if a.IP == nil || a.IP.IsUnspecified() {
+		return nil, fmt.Errorf("cluster: advertise address %q is not reachable by peers", advertise)
+	}
+	return a, nil
+}

@@ -1,0 +1,370 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/raftlockd/raftlockd/client"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// Operator commands: `snapshot save|restore`, `cluster
+// members|status|leave|remove-peer` and lockd-style `tc
+// leader|list|announce|leave`. They take --server and --timeout like the
+// client commands, from the same RAFTLOCKD_CLIENT_* variables.
+
+// adminOpts are the flags of the operator commands.
+type adminOpts struct {
+	clientOpts
+	format string
+}
+
+// addAdminFlags registers --server and --timeout (and --format when
+// withFormat) on cmd for all its subcommands.
+func addAdminFlags(cmd *cobra.Command, o *adminOpts, withFormat bool) {
+	pf := cmd.PersistentFlags()
+	pf.StringVar(&o.server, "server", "http://127.0.0.1:9341", "server URL")
+	pf.DurationVar(&o.timeout, "timeout", 0, "give up after this long (0: no limit)")
+	if withFormat {
+		pf.StringVar(&o.format, "format", "table", "output: table or json")
+	}
+	pf.VisitAll(func(f *pflag.Flag) { f.Usage += fmt.Sprintf(" (env %s)", envName(clientEnv, f.Name)) })
+}
+
+func addSubcommands(parent *cobra.Command, subs ...*cobra.Command) {
+	for _, sub := range subs {
+		bindEnv(sub, clientEnv)
+		parent.AddCommand(sub)
+	}
+}
+
+// output prints v as JSON, or with table when --format is table.
+func (o *adminOpts) output(w io.Writer, v any, table func(w *tabwriter.Writer)) error {
+	switch o.format {
+	case "json":
+		return printJSON(w, v)
+	case "table", "":
+		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		table(tw)
+		return tw.Flush()
+	}
+	return fmt.Errorf("--format %q: want table or json", o.format)
+}
+
+func newSnapshotCmd() *cobra.Command {
+	o := &adminOpts{}
+	cmd := &cobra.Command{Use: "snapshot", Short: "Save the cluster's state to a file, or restore it from one"}
+	addAdminFlags(cmd, o, false)
+	addSubcommands(cmd, &cobra.Command{
+		Use:   "save FILE",
+		Short: "Save a snapshot of the cluster's state (every acknowledged write) to FILE",
+		Args:  cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := o.dial()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := o.context()
+			defer cancel()
+			p := newProgress(cmd.ErrOrStderr(), "received")
+			n, err := writeFileAtomic(args[0], func(w io.Writer) (int64, error) { return c.SaveSnapshot(ctx, w, p.update) })
+			if err != nil {
+				return err
+			}
+			p.finish(fmt.Sprintf("saved snapshot to %s", args[0]), n)
+			return nil
+		},
+	}, &cobra.Command{
+		Use:   "restore FILE",
+		Short: "Replace the whole cluster's state with the snapshot in FILE",
+		Long: `Replace the whole cluster's state with a snapshot saved by 'snapshot save'.
+The leader restores it (a follower names the leader and the upload goes there)
+and installs it on every member. Documents, versions, leases and transactions
+return to the moment of the snapshot; fencing tokens do not go back: every
+key's next token is above any token issued before the restore.`,
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			f, err := os.Open(args[0])
+			if err != nil {
+				return err
+			}
+			defer f.Close()
+			st, err := f.Stat()
+			if err != nil {
+				return err
+			}
+			c, err := o.dial()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := o.context()
+			defer cancel()
+			p := newProgress(cmd.ErrOrStderr(), "sent")
+			out, err := c.RestoreSnapshot(ctx, f, st.Size(), p.update)
+			if err != nil {
+				return err
+			}
+			p.finish(fmt.Sprintf("restored snapshot from %s (applied index %d)", args[0], out.Index), out.Bytes)
+			return nil
+		},
+	})
+	return cmd
+}
+
+// writeFileAtomic writes path through a temporary file in the same
+// directory, renamed into place once complete and synced.
+func writeFileAtomic(path string, write func(io.Writer) (int64, error)) (n int64, err error) {
+	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
+	if err != nil {
+		return 0, err
+	}
+	defer func() {
+		if err != nil {
+			tmp.Close()
+			os.Remove(tmp.Name())
+		}
+	}()
+	if n, err = write(tmp); err != nil {
+		return n, err
+	}
+	if err = tmp.Sync(); err != nil {
+		return n, err
+	}
+	if err = tmp.Close(); err != nil {
+		return n, err
+	}
+	if err = os.Rename(tmp.Name(), path); err != nil {
+		return n, err
+	}
+	if d, derr := os.Open(filepath.Dir(path)); derr == nil {
+		_ = d.Sync()
+		d.Close()
+	}
+	return n, nil
+}
+
+// progress prints a transfer's progress on stderr, at most twice a second
+// and only once it has run for half a second (small files stay quiet),
+// then one summary line.
+type progress struct {
+	mu    sync.Mutex
+	w     io.Writer
+	verb  string
+	now   func() time.Time
+	every time.Duration
+	start time.Time
+	last  time.Time
+}
+
+func newProgress(w io.Writer, verb string) *progress {
+	p := &progress{w: w, verb: verb, now: time.Now, every: 500 * time.Millisecond}
+	p.start = p.now()
+	p.last = p.start
+	return p
+}
+
+func (p *progress) update(done, total int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	now := p.now()
+	if now.Sub(p.last) < p.every {
+		return
+	}
+	p.last = now
+	line := fmt.Sprintf("%s %s", p.verb, humanBytes(done))
+	if total > 0 {
+		line += fmt.Sprintf(" of %s (%d%%)", humanBytes(total), done*100/total)
+	}
+	fmt.Fprintf(p.w, "%s at %s/s\n", line, humanBytes(rate(done, now.Sub(p.start))))
+}
+
+func (p *progress) finish(what string, n int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	took := p.now().Sub(p.start)
+	fmt.Fprintf(p.w, "%s: %s in %s (%s/s)\n", what, humanBytes(n), took.Round(time.Millisecond), humanBytes(rate(n, took)))
+}
+
+func rate(n int64, d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64(float64(n) / d.Seconds())
+}
+
+// humanBytes renders n bytes with a binary unit: 512 B, 1.5 KiB, 3.2 GiB.
+func humanBytes(n int64) string {
+	if n < 1024 {
+		return strconv.FormatInt(n, 10) + " B"
+	}
+	v, unit := float64(n)/1024, 0
+	units := []string{"KiB", "MiB", "GiB", "TiB"}
+	for v >= 1024 && unit < len(units)-1 {
+		v /= 1024
+		unit++
+	}
+	return fmt.Sprintf("%.1f %s", v, units[unit])
+}
+
+// runAdmin returns a RunE that calls the server with call and prints its
+// answer (as JSON or through table).
+func runAdmin[T any](o *adminOpts, call func(context.Context, *client.Client, []string) (T, error),
+	table func(io.Writer, T)) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		c, err := o.dial()
+		if err != nil {
+			return err
+		}
+		ctx, cancel := o.context()
+		defer cancel()
+		out, err := call(ctx, c, args)
+		if err != nil {
+			return err
+		}
+		return o.output(cmd.OutOrStdout(), out, func(w *tabwriter.Writer) { table(w, out) })
+	}
+}
+
+func newClusterCmd() *cobra.Command {
+	o := &adminOpts{}
+	cmd := &cobra.Command{Use: "cluster", Short: "Inspect and change the cluster's membership"}
+	addAdminFlags(cmd, o, true)
+	addSubcommands(cmd, &cobra.Command{
+		Use:   "members",
+		Short: "List the servers with their suffrage, gossip status and Raft progress",
+		Args:  cobra.NoArgs,
+		RunE: runAdmin(o, func(ctx context.Context, c *client.Client, _ []string) (*wire.ClusterMembersResponse, error) {
+			return c.ClusterMembers(ctx)
+		}, membersTable),
+	}, &cobra.Command{
+		Use:   "status",
+		Short: "Show the server's view of the cluster: its Raft state and the leader",
+		Args:  cobra.NoArgs,
+		RunE: runAdmin(o, func(ctx context.Context, c *client.Client, _ []string) (*wire.ClusterStatusResponse, error) {
+			return c.ClusterStatus(ctx)
+		}, statusTable),
+	}, &cobra.Command{
+		Use:   "leave",
+		Short: "Make the server leave the cluster gracefully; it shuts down afterwards",
+		Args:  cobra.NoArgs,
+		RunE: runAdmin(o, func(ctx context.Context, c *client.Client, _ []string) (*wire.LeaveResponse, error) {
+			return c.ClusterLeave(ctx)
+		}, func(w io.Writer, out *wire.LeaveResponse) { fmt.Fprintf(w, "node %s left the cluster\n", out.NodeID) }),
+	}, &cobra.Command{
+		Use:   "remove-peer ID",
+		Short: "Take server ID out of the Raft configuration (for servers that are gone)",
+		Args:  cobra.ExactArgs(1),
+		RunE: runAdmin(o, func(ctx context.Context, c *client.Client, args []string) (*wire.RemovePeerResponse, error) {
+			return c.RemovePeer(ctx, args[0])
+		}, func(w io.Writer, out *wire.RemovePeerResponse) { fmt.Fprintf(w, "removed %s\n", out.ID) }),
+	})
+	return cmd
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func membersTable(w io.Writer, m *wire.ClusterMembersResponse) {
+	fmt.Fprintln(w, "ID\tSUFFRAGE\tGOSSIP\tSTATE\tTERM\tAPPLIED\tCOMMIT\tLAST CONTACT\tRAFT ADDRESS\tAPI\tERROR")
+	for _, s := range m.Members {
+		state, term, applied, commit, contact := "-", "-", "-", "-", "-"
+		if r := s.Raft; r != nil {
+			state, term = r.State, strconv.FormatUint(r.Term, 10)
+			applied, commit = strconv.FormatUint(r.AppliedIndex, 10), strconv.FormatUint(r.CommitIndex, 10)
+			if r.State != "Leader" {
+				contact = (time.Duration(r.LastContactMs) * time.Millisecond).String()
+			}
+		}
+		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.Suffrage, s.GossipStatus, state, term,
+			applied, commit, contact, dash(s.RaftAddr), dash(s.APIEndpoint), dash(s.Error))
+	}
+}
+
+func statusTable(w io.Writer, st *wire.ClusterStatusResponse) {
+	leader := dash(st.LeaderID)
+	if st.LeaderEndpoint != "" {
+		leader += " (" + st.LeaderEndpoint + ")"
+	}
+	contact := "-"
+	if st.State != "Leader" {
+		contact = (time.Duration(st.LastContactMs) * time.Millisecond).String()
+	}
+	for _, kv := range [][2]string{
+		{"node", st.NodeID}, {"raft address", st.RaftAddr}, {"state", st.State}, {"leader", leader},
+		{"term", strconv.FormatUint(st.Term, 10)}, {"last index", strconv.FormatUint(st.LastIndex, 10)},
+		{"commit index", strconv.FormatUint(st.CommitIndex, 10)}, {"applied index", strconv.FormatUint(st.AppliedIndex, 10)},
+		{"last contact", contact}, {"backend hash", dash(st.BackendHash)},
+	} {
+		fmt.Fprintf(w, "%s\t%s\n", kv[0], kv[1])
+	}
+}
+
+func newTCCmd() *cobra.Command {
+	o := &adminOpts{}
+	var self string
+	cmd := &cobra.Command{Use: "tc", Short: "lockd-style transaction coordinator membership: leader, list, announce, leave"}
+	addAdminFlags(cmd, o, true)
+	endpoints := func(w io.Writer, list []string) {
+		for _, e := range list {
+			fmt.Fprintln(w, e)
+		}
+	}
+	announce := &cobra.Command{
+		Use:   "announce --self URL",
+		Short: "Check that URL is a member's endpoint and print the membership list",
+		Args:  cobra.NoArgs,
+		RunE: runAdmin(o, func(ctx context.Context, c *client.Client, _ []string) (*wire.TCClusterAnnounceResponse, error) {
+			if self == "" {
+				return nil, fmt.Errorf("--self is required")
+			}
+			return c.TCAnnounce(ctx, self)
+		}, func(w io.Writer, out *wire.TCClusterAnnounceResponse) {
+			endpoints(w, out.Endpoints)
+			fmt.Fprintf(w, "membership of %s expires at %s unless it stays alive\n", self,
+				time.Unix(out.ExpiresAt, 0).UTC().Format(time.RFC3339))
+		}),
+	}
+	announce.Flags().StringVar(&self, "self", "", "the member's API endpoint")
+	leave := &cobra.Command{
+		Use:   "leave [--self URL]",
+		Short: "Make the member serving URL (default: the server) leave the cluster",
+		Args:  cobra.NoArgs,
+		RunE: runAdmin(o, func(ctx context.Context, c *client.Client, _ []string) (*wire.TCClusterLeaveResponse, error) {
+			return c.TCLeave(ctx, self)
+		}, func(w io.Writer, out *wire.TCClusterLeaveResponse) { endpoints(w, out.Endpoints) }),
+	}
+	leave.Flags().StringVar(&self, "self", "", "API endpoint of the member that leaves (default: the server)")
+	addSubcommands(cmd, &cobra.Command{
+		Use:   "leader",
+		Short: "Show the leader, its term and how long its leadership is known to last",
+		Args:  cobra.NoArgs,
+		RunE: runAdmin(o, func(ctx context.Context, c *client.Client, _ []string) (*wire.TCLeaderResponse, error) {
+			return c.TCLeader(ctx)
+		}, func(w io.Writer, out *wire.TCLeaderResponse) {
+			fmt.Fprintf(w, "leader\t%s\nendpoint\t%s\nterm\t%d\nexpires\t%s\n", out.LeaderID, out.LeaderEndpoint, out.Term,
+				time.Unix(out.ExpiresAt, 0).UTC().Format(time.RFC3339))
+		}),
+	}, &cobra.Command{
+		Use:   "list",
+		Short: "List the API endpoints of the cluster's live members",
+		Args:  cobra.NoArgs,
+		RunE: runAdmin(o, func(ctx context.Context, c *client.Client, _ []string) (*wire.TCClusterListResponse, error) {
+			return c.TCList(ctx)
+		}, func(w io.Writer, out *wire.TCClusterListResponse) { endpoints(w, out.Endpoints) }),
+	}, announce, leave)
+	return cmd
+}

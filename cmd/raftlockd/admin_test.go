@@ -1,0 +1,230 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/raftlockd/raftlockd/internal/testutil"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// TestCLISnapshotSaveRestore backs a server up with `snapshot save`,
+// changes its state and brings the backup back with `snapshot restore`.
+func TestCLISnapshotSaveRestore(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	env := srv.clientEnv()
+	commitDoc := func(doc string) map[string]string {
+		t.Helper()
+		lease := parseExports(t, mustCLI(t, env, "", "client", "acquire", "--key", "k"))
+		held := srv.clientEnv(envList(lease)...)
+		mustCLI(t, held, doc, "client", "update")
+		mustCLI(t, held, "", "client", "release")
+		return lease
+	}
+	commitDoc(`{"v":1}`)
+
+	dir := t.TempDir()
+	file := filepath.Join(dir, "backup.db")
+	res := cli(t, env, "", "snapshot", "save", file)
+	if res.code != 0 || res.stdout != "" || !strings.Contains(res.stderr, "saved snapshot to "+file) {
+		t.Fatalf("snapshot save: exit %d, stdout %q, stderr %q", res.code, res.stdout, res.stderr)
+	}
+	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
+		t.Fatalf("save left %d files in the directory, want only the snapshot", len(entries))
+	}
+	if st, err := os.Stat(file); err != nil || st.Size() == 0 {
+		t.Fatalf("saved snapshot: %v", err)
+	}
+
+	second := commitDoc(`{"v":2}`)
+	res = cli(t, env, "", "snapshot", "restore", file)
+	if res.code != 0 || !strings.Contains(res.stderr, "restored snapshot from "+file) {
+		t.Fatalf("snapshot restore: exit %d, stderr %q", res.code, res.stderr)
+	}
+	wantJSON(t, "state after restore", mustCLI(t, env, "", "client", "get", "--key", "k"), `{"v":1}`)
+	wantJSON(t, "stale read after restore", mustCLI(t, env, "", "client", "get", "--key", "k", "--stale"), `{"v":1}`)
+	// Fencing tokens do not go back with the state.
+	next := parseExports(t, mustCLI(t, env, "", "client", "acquire", "--key", "k"))
+	after, _ := strconv.Atoi(next["RAFTLOCKD_CLIENT_FENCING_TOKEN"])
+	before, _ := strconv.Atoi(second["RAFTLOCKD_CLIENT_FENCING_TOKEN"])
+	if before == 0 || after <= before {
+		t.Fatalf("token after restore %d, before it %d", after, before)
+	}
+	mustCLI(t, srv.clientEnv(envList(next)...), "", "client", "release")
+
+	bad := filepath.Join(dir, "bad.db")
+	if err := os.WriteFile(bad, []byte("not a snapshot"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct{ file, want string }{{bad, "invalid_snapshot"}, {filepath.Join(dir, "missing.db"), "missing.db"}} {
+		if res := cli(t, env, "", "snapshot", "restore", c.file); res.code == 0 || !strings.Contains(res.stderr, c.want) {
+			t.Fatalf("restore of %s: exit %d, stderr %q; want failure naming %s", c.file, res.code, res.stderr, c.want)
+		}
+	}
+	wantJSON(t, "state after refused restores", mustCLI(t, env, "", "client", "get", "--key", "k"), `{"v":1}`)
+}
+
+// TestCLIClusterCommands runs the membership commands against one server.
+func TestCLIClusterCommands(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	env := srv.clientEnv()
+
+	var st wire.ClusterStatusResponse
+	if err := json.Unmarshal([]byte(mustCLI(t, env, "", "cluster", "status", "--format", "json")), &st); err != nil {
+		t.Fatal(err)
+	}
+	if st.NodeID == "" || st.State != "Leader" || st.LeaderID != st.NodeID || st.LeaderEndpoint != srv.url {
+		t.Fatalf("cluster status: %+v", st)
+	}
+	table := mustCLI(t, env, "", "cluster", "status")
+	for _, want := range []string{"state", "Leader", st.NodeID + " (" + srv.url + ")"} {
+		if !strings.Contains(table, want) {
+			t.Fatalf("status table lacks %q:\n%s", want, table)
+		}
+	}
+
+	lines := strings.Split(strings.TrimSpace(mustCLI(t, env, "", "cluster", "members")), "\n")
+	if len(lines) != 2 || !strings.HasPrefix(lines[0], "ID") || !strings.Contains(lines[0], "APPLIED") {
+		t.Fatalf("members table:\n%s", strings.Join(lines, "\n"))
+	}
+	if f := strings.Fields(lines[1]); len(f) < 4 || f[0] != st.NodeID || f[1] != "voter" || f[2] != "alive" || f[3] != "Leader" {
+		t.Fatalf("members row: %q", lines[1])
+	}
+	var m wire.ClusterMembersResponse
+	if err := json.Unmarshal([]byte(mustCLI(t, env, "", "cluster", "members", "--format", "json")), &m); err != nil {
+		t.Fatal(err)
+	}
+	if len(m.Members) != 1 || m.Members[0].Raft == nil || m.Members[0].Raft.AppliedIndex == 0 {
+		t.Fatalf("members JSON: %+v", m)
+	}
+	if out := strings.TrimSpace(mustCLI(t, env, "", "tc", "list")); out != srv.url {
+		t.Fatalf("tc list printed %q, want %s", out, srv.url)
+	}
+	mustCLI(t, env, "", "tc", "announce", "--self", srv.url)
+
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"cluster", "leave"}, "last_voter"},
+		{[]string{"cluster", "remove-peer", "nobody"}, "not_found"},
+		{[]string{"cluster", "members", "--format", "yaml"}, "--format"},
+		{[]string{"tc", "announce", "--self", "http://127.0.0.1:1"}, "not_found"},
+	} {
+		if res := cli(t, env, "", c.args...); res.code == 0 || !strings.Contains(res.stderr, c.want) {
+			t.Errorf("raftlockd %s: exit %d, stderr %q; want failure naming %s", strings.Join(c.args, " "), res.code,
+				res.stderr, c.want)
+		}
+	}
+}
+
+// TestCLIClusterLeaveExitsZero: in a two-node cluster `cluster leave`
+// makes the server leave the voter set and its process exit 0.
+func TestCLIClusterLeaveExitsZero(t *testing.T) {
+	t.Parallel()
+	type node struct {
+		dir, listen string
+		args        []string
+	}
+	gossip := []string{testutil.FreeAddr(t), testutil.FreeAddr(t)}
+	var nodes []node
+	for i := range gossip {
+		n := node{dir: t.TempDir(), listen: testutil.FreeAddr(t)}
+		n.args = append(serverFlags(n.dir, n.listen, testutil.FreeAddr(t)),
+			"--gossip-listen", gossip[i], "--join", strings.Join(gossip, ","), "--bootstrap-expect", "2")
+		nodes = append(nodes, n)
+	}
+	var procs []*serverProc
+	for _, n := range nodes {
+		procs = append(procs, spawnServer(t, n.listen, n.args, nil))
+	}
+	for i, p := range procs {
+		if err := p.waitReady(nodes[i].dir, 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	voters := func() []string {
+		var m wire.ClusterMembersResponse
+		if err := json.Unmarshal([]byte(mustCLI(t, procs[0].clientEnv(), "", "cluster", "members", "--format", "json")), &m); err != nil {
+			t.Fatal(err)
+		}
+		var ids []string
+		for _, mem := range m.Members {
+			if mem.Suffrage == "voter" {
+				ids = append(ids, mem.ID)
+			}
+		}
+		return ids
+	}
+	testutil.WaitFor(t, 20*time.Second, "both nodes to be voters", func() bool { return len(voters()) == 2 })
+
+	ids := make([]string, 2)
+	for i, n := range nodes {
+		raw, err := os.ReadFile(filepath.Join(n.dir, "node-id"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids[i] = strings.TrimSpace(string(raw))
+	}
+	out := mustCLI(t, procs[1].clientEnv(), "", "cluster", "leave")
+	if !strings.Contains(out, "node "+ids[1]+" left the cluster") {
+		t.Fatalf("leave printed %q", out)
+	}
+	select {
+	case <-procs[1].done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the server that left is still running")
+	}
+	if procs[1].waitErr != nil {
+		t.Fatalf("the server that left exited with %v; output:\n%s", procs[1].waitErr, procs[1].log.String())
+	}
+	if got := voters(); len(got) != 1 || got[0] != ids[0] {
+		t.Fatalf("voters after %s left: %v", ids[1], got)
+	}
+	lease := parseExports(t, mustCLI(t, procs[0].clientEnv(), "", "client", "acquire", "--key", "still-serving"))
+	mustCLI(t, procs[0].clientEnv(envList(lease)...), "", "client", "release")
+}
+
+// Progress lines come at most every interval, only once a transfer has run
+// that long, and name bytes and rate.
+func TestProgressOutput(t *testing.T) {
+	var buf bytes.Buffer
+	clock := time.Unix(0, 0)
+	p := &progress{w: &buf, verb: "sent", now: func() time.Time { return clock }, every: 500 * time.Millisecond}
+	p.start, p.last = clock, clock
+	for i := int64(1); i <= 40; i++ {
+		clock = clock.Add(100 * time.Millisecond)
+		p.update(i<<20, 40<<20)
+	}
+	p.finish("restored snapshot from f", 40<<20)
+	lines := strings.Split(strings.TrimSpace(buf.String()), "\n")
+	if len(lines) != 9 {
+		t.Fatalf("%d lines for a 4s transfer, want 8 progress lines and a summary:\n%s", len(lines), buf.String())
+	}
+	if lines[0] != "sent 5.0 MiB of 40.0 MiB (12%) at 10.0 MiB/s" {
+		t.Fatalf("first progress line %q", lines[0])
+	}
+	if lines[8] != "restored snapshot from f: 40.0 MiB in 4s (10.0 MiB/s)" {
+		t.Fatalf("summary %q", lines[8])
+	}
+
+	buf.Reset()
+	quick := newProgress(&buf, "received")
+	quick.update(1000, 1000)
+	if buf.Len() != 0 {
+		t.Fatalf("a quick transfer printed %q", buf.String())
+	}
+	for n, want := range map[int64]string{0: "0 B", 1023: "1023 B", 1536: "1.5 KiB", 5 << 30: "5.0 GiB"} {
+		if got := humanBytes(n); got != want {
+			t.Errorf("humanBytes(%d) = %q, want %q", n, got, want)
+		}
+	}
+}

@@ -1,0 +1,736 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/raftlockd/raftlockd/internal/testutil"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// These tests drive the real binary: `raftlockd server` runs as a child
+// process and `raftlockd client ...` is invoked directly or from bash, the
+// way an operator would.
+
+// lockedBuffer collects a child process's output while it runs.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// baseEnv is the test process's environment without any RAFTLOCKD_
+// variable, with the binary's directory first on PATH, plus extra.
+func baseEnv(t testing.TB, extra ...string) []string {
+	t.Helper()
+	bin := testutil.Binary(t)
+	var env []string
+	for _, kv := range os.Environ() {
+		if strings.HasPrefix(kv, "RAFTLOCKD_") || strings.HasPrefix(kv, "PATH=") {
+			continue
+		}
+		env = append(env, kv)
+	}
+	env = append(env, "PATH="+filepath.Dir(bin)+string(os.PathListSeparator)+os.Getenv("PATH"))
+	return append(env, extra...)
+}
+
+// serverProc is one running `raftlockd server` process.
+type serverProc struct {
+	t       testing.TB
+	cmd     *exec.Cmd
+	url     string
+	log     *lockedBuffer
+	done    chan struct{} // closed once the process has exited
+	waitErr error
+}
+
+// serverFlags are the flags of a fast-starting node in dataDir.
+func serverFlags(dataDir, listen, raftListen string) []string {
+	return []string{"--data-dir", dataDir, "--listen", listen, "--raft-listen", raftListen,
+		"--gossip-listen", "127.0.0.1:0", "--gossip-profile", "fast",
+		"--raft-heartbeat-timeout", "200ms", "--raft-election-timeout", "200ms"}
+}
+
+// spawnServer starts `raftlockd server args...` with env added to the base
+// environment and kills it when the test ends. It does not wait for it.
+func spawnServer(t testing.TB, listen string, args, env []string) *serverProc {
+	t.Helper()
+	p := &serverProc{t: t, url: "http://" + listen, log: &lockedBuffer{}, done: make(chan struct{})}
+	p.cmd = exec.Command(testutil.Binary(t), append([]string{"server"}, args...)...)
+	p.cmd.Env = baseEnv(t, env...)
+	p.cmd.Stdout = p.log
+	p.cmd.Stderr = p.log
+	if err := p.cmd.Start(); err != nil {
+		t.Fatalf("start server: %v", err)
+	}
+	go func() {
+		p.waitErr = p.cmd.Wait()
+		close(p.done)
+	}()
+	t.Cleanup(func() {
+		p.kill()
+		if t.Failed() {
+			t.Logf("server %s (pid %d) output:\n%s", p.url, p.cmd.Process.Pid, p.log.String())
+		}
+	})
+	return p
+}
+
+// startServer starts a server and waits until it is ready.
+func startServer(t testing.TB, dataDir, listen string, args, env []string) *serverProc {
+	t.Helper()
+	p := spawnServer(t, listen, args, env)
+	if err := p.waitReady(dataDir, 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// newServer starts a fast node on fresh ports in a fresh data dir.
+func newServer(t testing.TB) *serverProc {
+	t.Helper()
+	dir, listen := t.TempDir(), testutil.FreeAddr(t)
+	return startServer(t, dir, listen, serverFlags(dir, listen, testutil.FreeAddr(t)), nil)
+}
+
+func (p *serverProc) exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// waitReady polls GET /readyz until it answers 200 from this process (the
+// node id it reports is the one kept in dataDir), the process exits or the
+// timeout passes.
+func (p *serverProc) waitReady(dataDir string, timeout time.Duration) error {
+	hc := &http.Client{Timeout: time.Second}
+	defer hc.CloseIdleConnections()
+	deadline := time.Now().Add(timeout)
+	for {
+		if p.exited() {
+			return fmt.Errorf("server %s exited before it was ready (%v); output:\n%s", p.url, p.waitErr, p.log.String())
+		}
+		if resp, err := hc.Get(p.url + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				id, _ := os.ReadFile(filepath.Join(dataDir, "node-id"))
+				if got := resp.Header.Get(wire.HeaderServedBy); got == strings.TrimSpace(string(id)) {
+					return nil
+				} else if got != "" && len(id) > 0 {
+					return fmt.Errorf("%s is served by node %q, not by the node in %s (%q)", p.url, got, dataDir, id)
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("server %s not ready after %s; output:\n%s", p.url, timeout, p.log.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// kill SIGKILLs the process (if it still runs) and waits for it to exit.
+func (p *serverProc) kill() {
+	if !p.exited() {
+		_ = syscall.Kill(p.cmd.Process.Pid, syscall.SIGKILL)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		p.t.Errorf("server pid %d did not exit after SIGKILL", p.cmd.Process.Pid)
+	}
+}
+
+// stop SIGTERMs the process and requires a clean exit.
+func (p *serverProc) stop() {
+	p.t.Helper()
+	if err := syscall.Kill(p.cmd.Process.Pid, syscall.SIGTERM); err != nil {
+		p.t.Fatalf("SIGTERM: %v", err)
+	}
+	select {
+	case <-p.done:
+	case <-time.After(20 * time.Second):
+		p.t.Fatalf("server pid %d did not exit within 20s of SIGTERM", p.cmd.Process.Pid)
+	}
+	if p.waitErr != nil {
+		p.t.Fatalf("server exited with %v after SIGTERM; output:\n%s", p.waitErr, p.log.String())
+	}
+}
+
+// clientEnv points client commands at the server.
+func (p *serverProc) clientEnv(extra ...string) []string {
+	return append([]string{"RAFTLOCKD_CLIENT_SERVER=" + p.url}, extra...)
+}
+
+type cliResult struct {
+	stdout, stderr string
+	code           int
+}
+
+// run executes name args... with env added to the base environment.
+func run(t testing.TB, env []string, stdin string, name string, args ...string) cliResult {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, name, args...)
+	cmd.Env = baseEnv(t, env...)
+	cmd.Stdin = strings.NewReader(stdin)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	res := cliResult{stdout: stdout.String(), stderr: stderr.String()}
+	var exit *exec.ExitError
+	switch {
+	case err == nil:
+	case errors.As(err, &exit) && ctx.Err() == nil:
+		res.code = exit.ExitCode()
+	default:
+		t.Fatalf("%s %s: %v (stderr %q)", name, strings.Join(args, " "), err, res.stderr)
+	}
+	return res
+}
+
+// cli runs the binary and returns its result, whatever the exit status.
+func cli(t testing.TB, env []string, stdin string, args ...string) cliResult {
+	t.Helper()
+	return run(t, env, stdin, testutil.Binary(t), args...)
+}
+
+// mustCLI runs the binary and fails the test unless it succeeds.
+func mustCLI(t testing.TB, env []string, stdin string, args ...string) string {
+	t.Helper()
+	res := cli(t, env, stdin, args...)
+	if res.code != 0 {
+		t.Fatalf("raftlockd %s: exit %d\nstdout: %s\nstderr: %s", strings.Join(args, " "), res.code, res.stdout, res.stderr)
+	}
+	return res.stdout
+}
+
+// bash runs script under `bash -c` with errexit, nounset and pipefail, and
+// fails the test unless it succeeds.
+func bash(t testing.TB, env []string, script string) string {
+	t.Helper()
+	sh, err := exec.LookPath("bash")
+	if err != nil {
+		t.Skip("bash not available")
+	}
+	res := run(t, env, "", sh, "-c", "set -euo pipefail\n"+script)
+	if res.code != 0 {
+		t.Fatalf("bash script: exit %d\nscript:\n%s\nstdout: %s\nstderr: %s", res.code, script, res.stdout, res.stderr)
+	}
+	return res.stdout
+}
+
+// parseExports reads the `export NAME='value'` lines acquire prints.
+func parseExports(t testing.TB, out string) map[string]string {
+	t.Helper()
+	vars := map[string]string{}
+	for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+		name, val, ok := strings.Cut(strings.TrimPrefix(line, "export "), "=")
+		if !ok || !strings.HasPrefix(line, "export ") {
+			t.Fatalf("not an export line: %q (output %q)", line, out)
+		}
+		if strings.HasPrefix(val, "'") {
+			if !strings.HasSuffix(val, "'") || len(val) < 2 {
+				t.Fatalf("badly quoted export: %q", line)
+			}
+			val = strings.ReplaceAll(val[1:len(val)-1], `'\''`, `'`)
+		}
+		vars[name] = val
+	}
+	return vars
+}
+
+// envList turns exported variables into NAME=value entries.
+func envList(vars map[string]string) []string {
+	var env []string
+	for k, v := range vars {
+		env = append(env, k+"="+v)
+	}
+	return env
+}
+
+// parseLines reads NAME=value lines printed by a test script.
+func parseLines(out string) map[string]string {
+	vals := map[string]string{}
+	for _, line := range strings.Split(out, "\n") {
+		if k, v, ok := strings.Cut(line, "="); ok {
+			vals[k] = v
+		}
+	}
+	return vals
+}
+
+// wantJSON checks that got holds the same JSON document as want.
+func wantJSON(t testing.TB, what, got, want string) {
+	t.Helper()
+	var g, w any
+	if err := json.Unmarshal([]byte(got), &g); err != nil {
+		t.Fatalf("%s: %q is not JSON: %v", what, got, err)
+	}
+	if err := json.Unmarshal([]byte(want), &w); err != nil {
+		t.Fatalf("%s: bad expectation %q: %v", what, want, err)
+	}
+	gb, _ := json.Marshal(g)
+	wb, _ := json.Marshal(w)
+	if !bytes.Equal(gb, wb) {
+		t.Fatalf("%s: got %s, want %s", what, got, want)
+	}
+}
+
+// wantEmpty checks that a read printed nothing (the key has no state).
+func wantEmpty(t testing.TB, what, got string) {
+	t.Helper()
+	if strings.TrimSpace(got) != "" {
+		t.Fatalf("%s: got %q, want no document", what, got)
+	}
+}
+
+// wantExpiry checks an expires-at value is about ttl from now.
+func wantExpiry(t testing.TB, what, got string, ttl time.Duration) {
+	t.Helper()
+	n, err := strconv.ParseInt(got, 10, 64)
+	if err != nil {
+		t.Fatalf("%s: %q is not a unix time", what, got)
+	}
+	want := time.Now().Add(ttl).Unix()
+	if n < want-5 || n > want+5 {
+		t.Fatalf("%s = %d, want about %d (now + %s)", what, n, want, ttl)
+	}
+}
+
+func describe(t testing.TB, env []string, key string) wire.DescribeResponse {
+	t.Helper()
+	out := mustCLI(t, env, "", "client", "describe", "--key", key)
+	var d wire.DescribeResponse
+	if err := json.Unmarshal([]byte(out), &d); err != nil {
+		t.Fatalf("describe output %q: %v", out, err)
+	}
+	return d
+}
+
+func TestParseSeconds(t *testing.T) {
+	for in, want := range map[string]int64{"0": 0, "30": 30, "-1": -1, "30s": 30, "1m": 60, "1.4s": 1, "1.5s": 2,
+		"300ms": 1, "1ns": 1, "0s": 0, "-1s": -1} {
+		if got, err := parseSeconds(in); err != nil || got != want {
+			t.Errorf("parseSeconds(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	if _, err := parseSeconds("soon"); err == nil {
+		t.Error("parseSeconds(soon) did not fail")
+	}
+}
+
+func TestVersion(t *testing.T) {
+	t.Parallel()
+	out := mustCLI(t, nil, "", "version")
+	if !strings.HasPrefix(out, "raftlockd") {
+		t.Fatalf("version printed %q, want it to start with raftlockd", out)
+	}
+}
+
+// TestCLIEvalAcquire is the documented shell workflow: acquire exports the
+// lease and every later command in the script picks it up from there.
+func TestCLIEvalAcquire(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	out := bash(t, srv.clientEnv(), `
+eval "$(raftlockd client acquire --key k --ttl 30s)"
+for v in NAMESPACE KEY LEASE TXN_ID FENCING_TOKEN EXPIRES_AT; do
+  n="RAFTLOCKD_CLIENT_$v"; echo "$v=${!n}"
+done
+echo '{"step":1,"name":"first"}' | raftlockd client update >/dev/null
+echo "HOLDER=$(raftlockd client get)"
+echo "PUBLIC_BEFORE=$(raftlockd client get --public)"
+eval "$(raftlockd client release)"
+echo "PUBLIC_AFTER=$(raftlockd client get --public)"
+echo "NO_LEASE=$(raftlockd client get)"
+echo "CLEARED=${RAFTLOCKD_CLIENT_LEASE:-none}/${RAFTLOCKD_CLIENT_TXN_ID:-none}"
+eval "$(raftlockd client acquire --key k --ttl 30s)"
+echo "NEXT_TOKEN=$RAFTLOCKD_CLIENT_FENCING_TOKEN"
+echo "NEXT_TXN=$RAFTLOCKD_CLIENT_TXN_ID"
+eval "$(raftlockd client release)"
+`)
+	v := parseLines(out)
+	for name, want := range map[string]string{"NAMESPACE": "default", "KEY": "k", "FENCING_TOKEN": "1"} {
+		if v[name] != want {
+			t.Errorf("RAFTLOCKD_CLIENT_%s = %q, want %q (output %q)", name, v[name], want, out)
+		}
+	}
+	if v["LEASE"] == "" || v["TXN_ID"] == "" || v["LEASE"] == v["TXN_ID"] {
+		t.Errorf("lease %q and txn %q: want two distinct non-empty ids", v["LEASE"], v["TXN_ID"])
+	}
+	wantExpiry(t, "RAFTLOCKD_CLIENT_EXPIRES_AT", v["EXPIRES_AT"], 30*time.Second)
+	wantJSON(t, "holder's view", v["HOLDER"], `{"step":1,"name":"first"}`)
+	wantEmpty(t, "public view before release", v["PUBLIC_BEFORE"])
+	wantJSON(t, "public view after release", v["PUBLIC_AFTER"], `{"step":1,"name":"first"}`)
+	wantJSON(t, "get without a lease", v["NO_LEASE"], `{"step":1,"name":"first"}`)
+	// eval of release's output ends the transaction in the shell, so the
+	// next acquire starts a new one instead of joining the committed one.
+	if v["CLEARED"] != "none/none" {
+		t.Errorf("release left lease variables set: %q", v["CLEARED"])
+	}
+	if v["NEXT_TOKEN"] != "2" || v["NEXT_TXN"] == "" || v["NEXT_TXN"] == v["TXN_ID"] {
+		t.Errorf("acquire after release: token %q txn %q (first txn %q)", v["NEXT_TOKEN"], v["NEXT_TXN"], v["TXN_ID"])
+	}
+	if d := describe(t, srv.clientEnv(), "k"); d.Version != 1 || d.LeaseID != "" {
+		t.Fatalf("after release: %+v, want version 1 and no holder", d)
+	}
+}
+
+// TestCLIUpdateSources stages documents from a file, from `-` and from
+// stdin without an argument; only the holder sees them until release.
+func TestCLIUpdateSources(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	lease := parseExports(t, mustCLI(t, srv.clientEnv(), "", "client", "acquire", "--key", "doc", "--ttl", "30s"))
+	env := srv.clientEnv(envList(lease)...)
+
+	file := filepath.Join(t.TempDir(), "state.json")
+	if err := os.WriteFile(file, []byte(`{"src":"file","n":[1,2,3]}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	steps := []struct {
+		name, stdin, want string
+		args              []string
+	}{
+		{"file", "", `{"src":"file","n":[1,2,3]}`, []string{file}},
+		{"dash", `{"src":"dash"}`, `{"src":"dash"}`, []string{"-"}},
+		{"stdin", `{"src":"stdin","nested":{"ok":true}}`, `{"src":"stdin","nested":{"ok":true}}`, nil},
+	}
+	for _, s := range steps {
+		out := mustCLI(t, env, s.stdin, append([]string{"client", "update"}, s.args...)...)
+		var up wire.UpdateResponse
+		if err := json.Unmarshal([]byte(out), &up); err != nil || up.Bytes <= 0 {
+			t.Fatalf("update from %s printed %q (%v), want an update response", s.name, out, err)
+		}
+		wantJSON(t, "holder after update from "+s.name, mustCLI(t, env, "", "client", "get"), s.want)
+		wantEmpty(t, "public view after update from "+s.name, mustCLI(t, env, "", "client", "get", "--public"))
+	}
+	mustCLI(t, env, "", "client", "release")
+	wantJSON(t, "public view after release", mustCLI(t, srv.clientEnv(), "", "client", "get", "--key", "doc"), steps[2].want)
+
+	// A file that does not exist is an error, and nothing is sent.
+	res := cli(t, env, "", "client", "update", filepath.Join(t.TempDir(), "missing.json"))
+	if res.code == 0 || !strings.Contains(res.stderr, "missing.json") {
+		t.Fatalf("update from a missing file: exit %d, stderr %q", res.code, res.stderr)
+	}
+}
+
+// TestCLIReleaseRollback checks that --rollback discards what was staged.
+func TestCLIReleaseRollback(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	out := bash(t, srv.clientEnv(), `
+eval "$(raftlockd client acquire --key rb)"
+echo '{"v":1}' | raftlockd client update >/dev/null
+raftlockd client release >/dev/null
+# The committed transaction cannot be joined: the next acquire needs a new one.
+if raftlockd client acquire --key rb 2>/dev/null; then echo "JOINED_COMMITTED=yes"; fi
+unset RAFTLOCKD_CLIENT_TXN_ID
+out=$(raftlockd client acquire --key rb)
+eval "$out"
+echo "TOKEN2=$RAFTLOCKD_CLIENT_FENCING_TOKEN"
+echo '{"v":2}' | raftlockd client update >/dev/null
+echo "HOLDER=$(raftlockd client get)"
+raftlockd client release --rollback >/dev/null
+echo "PUBLIC=$(raftlockd client get --public)"
+unset RAFTLOCKD_CLIENT_TXN_ID RAFTLOCKD_CLIENT_LEASE RAFTLOCKD_CLIENT_FENCING_TOKEN
+out=$(raftlockd client acquire --key rb --block=-1)
+eval "$out"
+echo "TOKEN3=$RAFTLOCKD_CLIENT_FENCING_TOKEN"
+echo "HOLDER3=$(raftlockd client get)"
+raftlockd client release --rollback >/dev/null
+`)
+	v := parseLines(out)
+	if v["JOINED_COMMITTED"] != "" {
+		t.Errorf("acquire joined a committed transaction")
+	}
+	if v["TOKEN2"] != "2" || v["TOKEN3"] != "3" {
+		t.Errorf("fencing tokens %q, %q: want 2, 3", v["TOKEN2"], v["TOKEN3"])
+	}
+	wantJSON(t, "holder before rollback", v["HOLDER"], `{"v":2}`)
+	wantJSON(t, "public view after rollback", v["PUBLIC"], `{"v":1}`)
+	wantJSON(t, "holder after rollback", v["HOLDER3"], `{"v":1}`)
+	if d := describe(t, srv.clientEnv(), "rb"); d.Version != 1 || d.LeaseID != "" {
+		t.Fatalf("after rollback: %+v, want version 1 and no holder", d)
+	}
+}
+
+// TestCLIJoinTransaction acquires a second key inside the first key's
+// transaction; releasing one lease commits both keys.
+func TestCLIJoinTransaction(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	out := bash(t, srv.clientEnv(), `
+eval "$(raftlockd client acquire --key a)"
+A_LEASE=$RAFTLOCKD_CLIENT_LEASE A_TOKEN=$RAFTLOCKD_CLIENT_FENCING_TOKEN A_TXN=$RAFTLOCKD_CLIENT_TXN_ID
+eval "$(raftlockd client acquire --key b)"
+echo "A_TXN=$A_TXN"
+echo "B_TXN=$RAFTLOCKD_CLIENT_TXN_ID"
+echo "B_KEY=$RAFTLOCKD_CLIENT_KEY"
+echo '{"key":"b"}' | raftlockd client update >/dev/null
+echo '{"key":"a"}' | raftlockd client update --key a --lease "$A_LEASE" --fencing-token "$A_TOKEN" >/dev/null
+echo "A_BEFORE=$(raftlockd client get --public --key a)"
+echo "B_BEFORE=$(raftlockd client get --public)"
+raftlockd client release --key a --lease "$A_LEASE" --fencing-token "$A_TOKEN" >/dev/null
+echo "A_AFTER=$(raftlockd client get --public --key a)"
+echo "B_AFTER=$(raftlockd client get --public)"
+`)
+	v := parseLines(out)
+	if v["A_TXN"] == "" || v["A_TXN"] != v["B_TXN"] || v["B_KEY"] != "b" {
+		t.Fatalf("b did not join a's transaction: %q", out)
+	}
+	wantEmpty(t, "a before release", v["A_BEFORE"])
+	wantEmpty(t, "b before release", v["B_BEFORE"])
+	wantJSON(t, "a after release", v["A_AFTER"], `{"key":"a"}`)
+	wantJSON(t, "b after release", v["B_AFTER"], `{"key":"b"}`)
+	for _, key := range []string{"a", "b"} {
+		if d := describe(t, srv.clientEnv(), key); d.Version != 1 || d.LeaseID != "" {
+			t.Errorf("%s after release: %+v, want version 1 and no holder", key, d)
+		}
+	}
+}
+
+// TestCLIKeepAliveDescribe extends a lease and reads the key's metadata.
+func TestCLIKeepAliveDescribe(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	lease := parseExports(t, mustCLI(t, srv.clientEnv(), "", "client", "acquire", "--key", "ka", "--ttl", "10s"))
+	wantExpiry(t, "acquire expiry", lease["RAFTLOCKD_CLIENT_EXPIRES_AT"], 10*time.Second)
+	env := srv.clientEnv(envList(lease)...)
+
+	ka := parseExports(t, mustCLI(t, env, "", "client", "keepalive", "--ttl", "2m"))
+	if len(ka) != 1 {
+		t.Fatalf("keepalive exported %v, want only RAFTLOCKD_CLIENT_EXPIRES_AT", ka)
+	}
+	wantExpiry(t, "keepalive expiry", ka["RAFTLOCKD_CLIENT_EXPIRES_AT"], 2*time.Minute)
+
+	d := describe(t, srv.clientEnv(), "ka")
+	if d.Key != "ka" || d.Namespace != "default" || d.Version != 0 || d.LeaseID != lease["RAFTLOCKD_CLIENT_LEASE"] ||
+		d.FencingToken != 1 || strconv.FormatInt(d.ExpiresAt, 10) != ka["RAFTLOCKD_CLIENT_EXPIRES_AT"] {
+		t.Fatalf("describe while held: %+v, lease %v, keepalive %v", d, lease, ka)
+	}
+	var raw map[string]any
+	if err := json.Unmarshal([]byte(mustCLI(t, srv.clientEnv(), "", "client", "describe", "--key", "ka")), &raw); err != nil {
+		t.Fatal(err)
+	}
+	if raw["key"] != "ka" || raw["version"] != float64(0) {
+		t.Fatalf("describe JSON %v: want key and version fields", raw)
+	}
+
+	mustCLI(t, env, `{"x":1}`, "client", "update")
+	mustCLI(t, env, "", "client", "release")
+	if d := describe(t, srv.clientEnv(), "ka"); d.Version != 1 || d.LeaseID != "" || d.StateETag == "" {
+		t.Fatalf("describe after release: %+v, want version 1, an etag and no holder", d)
+	}
+	// A key that was never used is not found.
+	res := cli(t, srv.clientEnv(), "", "client", "describe", "--key", "never-used")
+	if res.code == 0 || !strings.Contains(res.stderr, "not_found") {
+		t.Fatalf("describe of an unused key: exit %d, stderr %q", res.code, res.stderr)
+	}
+}
+
+// TestCLIErrors checks that failures exit non-zero, print nothing to stdout
+// (so `eval` does nothing) and name the stable error code on stderr.
+func TestCLIErrors(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	lease := parseExports(t, mustCLI(t, srv.clientEnv(), "", "client", "acquire", "--key", "held"))
+	env := srv.clientEnv(envList(lease)...)
+	done := parseExports(t, mustCLI(t, srv.clientEnv(), "", "client", "acquire", "--key", "done"))
+	mustCLI(t, srv.clientEnv(envList(done)...), "", "client", "release")
+
+	cases := []struct {
+		name  string
+		env   []string
+		stdin string
+		args  []string
+		code  string
+	}{
+		{"wrong fencing token", env, `{"a":1}`, []string{"client", "update", "--fencing-token", "99"}, "fencing_mismatch"},
+		{"held key without waiting", srv.clientEnv(), "", []string{"client", "acquire", "--key", "held", "--block=-1"}, "waiting"},
+		{"bad lease", env, "", []string{"client", "release", "--lease", "not-a-lease"}, "invalid_lease"},
+		{"not JSON", env, "not json", []string{"client", "update"}, "invalid_body"},
+		{"join a finished transaction", srv.clientEnv("RAFTLOCKD_CLIENT_TXN_ID=" + done["RAFTLOCKD_CLIENT_TXN_ID"]), "",
+			[]string{"client", "acquire", "--key", "other"}, "txn_committed"},
+	}
+	for _, c := range cases {
+		res := cli(t, c.env, c.stdin, c.args...)
+		if res.code == 0 || !strings.Contains(res.stderr, c.code) || res.stdout != "" {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q; want non-zero, no output and %q on stderr",
+				c.name, res.code, res.stdout, res.stderr, c.code)
+		}
+	}
+	// A sub-second block is a short wait, not the server's maximum (60s,
+	// longer than the holder's 30s TTL).
+	start := time.Now()
+	res := cli(t, srv.clientEnv(), "", "client", "acquire", "--key", "held", "--block", "300ms", "--timeout", "10s")
+	if res.code == 0 || !strings.Contains(res.stderr, "waiting") || time.Since(start) > 8*time.Second {
+		t.Errorf("--block 300ms on a held key: exit %d after %s, stderr %q; want waiting after about 1s",
+			res.code, time.Since(start).Round(time.Millisecond), res.stderr)
+	}
+	// A sub-second TTL is a one-second lease, not the server's default.
+	short := parseExports(t, mustCLI(t, srv.clientEnv(), "", "client", "acquire", "--key", "short", "--ttl", "400ms"))
+	wantExpiry(t, "--ttl 400ms", short["RAFTLOCKD_CLIENT_EXPIRES_AT"], time.Second)
+
+	// The lease survived all of that.
+	mustCLI(t, env, `{"ok":true}`, "client", "update")
+	mustCLI(t, env, "", "client", "release")
+	wantJSON(t, "committed", mustCLI(t, srv.clientEnv(), "", "client", "get", "--key", "held"), `{"ok":true}`)
+
+	// A server that is not there is an error too, not a hang.
+	res = cli(t, []string{"RAFTLOCKD_CLIENT_SERVER=http://" + testutil.FreeAddr(t), "RAFTLOCKD_CLIENT_TIMEOUT=300ms"}, "",
+		"client", "get", "--key", "x")
+	if res.code == 0 || res.stderr == "" {
+		t.Fatalf("get from no server: exit %d, stderr %q", res.code, res.stderr)
+	}
+}
+
+// TestEnvForFlags checks that every flag can come from its environment
+// variable, for client commands and for the server, and that a flag given
+// on the command line wins.
+func TestEnvForFlags(t *testing.T) {
+	t.Parallel()
+	dir, listen, raftListen := t.TempDir(), testutil.FreeAddr(t), testutil.FreeAddr(t)
+	srv := startServer(t, dir, listen, nil, []string{
+		"RAFTLOCKD_DATA_DIR=" + dir, "RAFTLOCKD_LISTEN=" + listen, "RAFTLOCKD_RAFT_LISTEN=" + raftListen,
+		"RAFTLOCKD_RAFT_HEARTBEAT_TIMEOUT=200ms", "RAFTLOCKD_RAFT_ELECTION_TIMEOUT=200ms", "RAFTLOCKD_LOG_FORMAT=json",
+		"RAFTLOCKD_GOSSIP_LISTEN=127.0.0.1:0",
+	})
+	if _, err := os.Stat(filepath.Join(dir, "state.db")); err != nil {
+		t.Fatalf("RAFTLOCKD_DATA_DIR not used: %v", err)
+	}
+	if !strings.Contains(srv.log.String(), `"msg":"raftlockd serving"`) {
+		t.Fatalf("RAFTLOCKD_LOG_FORMAT=json not used; output:\n%s", srv.log.String())
+	}
+
+	// Client: key, TTL, owner and namespace from the environment.
+	env := srv.clientEnv("RAFTLOCKD_CLIENT_KEY=from-env", "RAFTLOCKD_CLIENT_TTL=45s",
+		"RAFTLOCKD_CLIENT_OWNER=env-owner", "RAFTLOCKD_CLIENT_NAMESPACE=envns")
+	lease := parseExports(t, mustCLI(t, env, "", "client", "acquire"))
+	if lease["RAFTLOCKD_CLIENT_KEY"] != "from-env" || lease["RAFTLOCKD_CLIENT_OWNER"] != "env-owner" ||
+		lease["RAFTLOCKD_CLIENT_NAMESPACE"] != "envns" {
+		t.Fatalf("acquire ignored the environment: %v", lease)
+	}
+	wantExpiry(t, "expiry from RAFTLOCKD_CLIENT_TTL", lease["RAFTLOCKD_CLIENT_EXPIRES_AT"], 45*time.Second)
+	held := srv.clientEnv(envList(lease)...)
+	mustCLI(t, held, `{"env":true}`, "client", "update")
+	mustCLI(t, held, "", "client", "release")
+	wantJSON(t, "get with key and namespace from env", mustCLI(t, env, "", "client", "get"), `{"env":true}`)
+	wantEmpty(t, "flag beats env", mustCLI(t, env, "", "client", "get", "--namespace", "default"))
+	if d := describe(t, env, "from-env"); d.Namespace != "envns" || d.Version != 1 {
+		t.Fatalf("describe: %+v", d)
+	}
+
+	// A variable that does not parse is reported by name.
+	res := cli(t, srv.clientEnv("RAFTLOCKD_CLIENT_TIMEOUT=soon"), "", "client", "get", "--key", "x")
+	if res.code == 0 || !strings.Contains(res.stderr, "RAFTLOCKD_CLIENT_TIMEOUT") {
+		t.Fatalf("bad RAFTLOCKD_CLIENT_TIMEOUT: exit %d, stderr %q", res.code, res.stderr)
+	}
+
+	// Server: a flag overrides its variable.
+	dir2, listen2 := t.TempDir(), testutil.FreeAddr(t)
+	srv2 := startServer(t, dir2, listen2, []string{"--listen", listen2, "--data-dir", dir2},
+		[]string{"RAFTLOCKD_LISTEN=not-an-address", "RAFTLOCKD_DATA_DIR=" + filepath.Join(dir, "unused"),
+			"RAFTLOCKD_RAFT_LISTEN=" + testutil.FreeAddr(t), "RAFTLOCKD_GOSSIP_LISTEN=127.0.0.1:0",
+			"RAFTLOCKD_RAFT_HEARTBEAT_TIMEOUT=200ms", "RAFTLOCKD_RAFT_ELECTION_TIMEOUT=200ms"})
+	lease2 := parseExports(t, mustCLI(t, srv2.clientEnv(), "", "client", "acquire", "--key", "k2"))
+	mustCLI(t, srv2.clientEnv(envList(lease2)...), "", "client", "release")
+	if _, err := os.Stat(filepath.Join(dir2, "state.db")); err != nil {
+		t.Fatalf("--data-dir not used: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "unused")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("RAFTLOCKD_DATA_DIR was used although --data-dir was given: %v", err)
+	}
+}
+
+// portsFree reports whether every address can be listened on right now.
+func portsFree(addrs ...string) bool {
+	for _, a := range addrs {
+		ln, err := net.Listen("tcp", a)
+		if err != nil {
+			return false
+		}
+		ln.Close()
+	}
+	return true
+}
+
+// TestServerDefaults runs `raftlockd server` with no flags at all: it must
+// keep its state in $XDG_DATA_HOME/raftlockd, serve on 127.0.0.1:9341 (the
+// client's default server) and resume from that state after a restart.
+func TestServerDefaults(t *testing.T) {
+	const listen, raftListen, gossipListen = "127.0.0.1:9341", "127.0.0.1:9342", "127.0.0.1:9343"
+	if !portsFree(listen, raftListen, gossipListen) {
+		t.Skipf("%s, %s or %s is in use", listen, raftListen, gossipListen)
+	}
+	home, xdg := t.TempDir(), t.TempDir()
+	env := []string{"HOME=" + home, "XDG_DATA_HOME=" + xdg}
+	dataDir := filepath.Join(xdg, "raftlockd")
+	start := func() *serverProc {
+		t.Helper()
+		p := spawnServer(t, listen, nil, env)
+		if err := p.waitReady(dataDir, 20*time.Second); err != nil {
+			if p.exited() && strings.Contains(p.log.String(), "address already in use") {
+				t.Skipf("default ports taken by another process: %v", err)
+			}
+			t.Fatal(err)
+		}
+		return p
+	}
+	srv := start()
+	nodeID, err := os.ReadFile(filepath.Join(dataDir, "node-id"))
+	if err != nil {
+		t.Fatalf("no node id in the default data dir: %v", err)
+	}
+	// No RAFTLOCKD_CLIENT_SERVER: the client's default is the server's.
+	lease := parseExports(t, mustCLI(t, env, "", "client", "acquire", "--key", "persist"))
+	if lease["RAFTLOCKD_CLIENT_FENCING_TOKEN"] != "1" {
+		t.Fatalf("first acquire: %v, want fencing token 1", lease)
+	}
+	held := append(envList(lease), env...)
+	mustCLI(t, held, `{"survives":"restart"}`, "client", "update")
+	mustCLI(t, held, "", "client", "release")
+	srv.stop()
+
+	srv = start()
+	if again, _ := os.ReadFile(filepath.Join(dataDir, "node-id")); !bytes.Equal(again, nodeID) {
+		t.Fatalf("node id changed across restart: %q -> %q", nodeID, again)
+	}
+	wantJSON(t, "state after restart", mustCLI(t, env, "", "client", "get", "--key", "persist"), `{"survives":"restart"}`)
+	lease = parseExports(t, mustCLI(t, env, "", "client", "acquire", "--key", "persist", "--block=-1"))
+	if lease["RAFTLOCKD_CLIENT_FENCING_TOKEN"] != "2" || lease["RAFTLOCKD_CLIENT_VERSION"] != "1" {
+		t.Fatalf("acquire after restart: %v, want fencing token 2 and version 1", lease)
+	}
+	mustCLI(t, append(envList(lease), env...), "", "client", "release", "--rollback")
+	srv.stop()
+}

@@ -1,0 +1,384 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/raftlockd/raftlockd/client"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+const clientEnv = "RAFTLOCKD_CLIENT_"
+
+// clientOpts are the flags shared by every client command.
+type clientOpts struct {
+	server    string
+	namespace string
+	timeout   time.Duration
+}
+
+func (o *clientOpts) dial() (*client.Client, error) {
+	return client.New(o.server, client.WithNamespace(o.namespace))
+}
+
+func (o *clientOpts) context() (context.Context, context.CancelFunc) {
+	if o.timeout <= 0 {
+		return context.WithCancel(context.Background())
+	}
+	return context.WithTimeout(context.Background(), o.timeout)
+}
+
+// leaseFlags name a held lease; `acquire` exports them for later commands.
+type leaseFlags struct {
+	key     string
+	lease   string
+	txnID   string
+	fencing int64
+}
+
+func (l *leaseFlags) register(cmd *cobra.Command, withLease bool) {
+	cmd.Flags().StringVar(&l.key, "key", "", "key")
+	if withLease {
+		cmd.Flags().StringVar(&l.lease, "lease", "", "lease id (from acquire)")
+		cmd.Flags().Int64Var(&l.fencing, "fencing-token", 0, "fencing token (from acquire)")
+	}
+	cmd.Flags().StringVar(&l.txnID, "txn-id", "", "transaction id (from acquire)")
+}
+
+func (l *leaseFlags) ref(ns string) client.LeaseRef {
+	return client.LeaseRef{Namespace: ns, Key: l.key, LeaseID: l.lease, TxnID: l.txnID, FencingToken: l.fencing}
+}
+
+// parseSeconds reads "30s", "1m" or a bare number of seconds. A positive
+// duration under half a second counts as one second, not as 0 (which means
+// "the server's default/maximum").
+func parseSeconds(s string) (int64, error) {
+	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
+		return n, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return 0, fmt.Errorf("%q is neither seconds nor a duration", s)
+	}
+	if d > 0 && d < time.Second {
+		return 1, nil
+	}
+	return int64(d.Round(time.Second) / time.Second), nil
+}
+
+func defaultOwner() string {
+	name := "raftlockd"
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		name = u.Username
+	}
+	host, _ := os.Hostname()
+	return fmt.Sprintf("%s@%s:%d", name, host, os.Getpid())
+}
+
+func printJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// shellQuote quotes s for POSIX shells.
+func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
+
+func newClientCmd() *cobra.Command {
+	opts := &clientOpts{}
+	cmd := &cobra.Command{Use: "client", Short: "Drive leases and state on a raftlockd server"}
+	pf := cmd.PersistentFlags()
+	pf.StringVar(&opts.server, "server", "http://127.0.0.1:9341", "server URL")
+	pf.StringVar(&opts.namespace, "namespace", wire.DefaultNamespace, "namespace")
+	pf.DurationVar(&opts.timeout, "timeout", 0, "give up after this long (0: no limit)")
+	pf.VisitAll(func(f *pflag.Flag) { f.Usage += fmt.Sprintf(" (env %s)", envName(clientEnv, f.Name)) })
+	for _, sub := range []*cobra.Command{newAcquireCmd(opts), newKeepAliveCmd(opts), newGetCmd(opts), newUpdateCmd(opts),
+		newRemoveCmd(opts), newReleaseCmd(opts), newDescribeCmd(opts)} {
+		bindEnv(sub, clientEnv)
+		cmd.AddCommand(sub)
+	}
+	return cmd
+}
+
+func newAcquireCmd(opts *clientOpts) *cobra.Command {
+	var l leaseFlags
+	var owner, ttl, block, idem string
+	var ifNotExists bool
+	cmd := &cobra.Command{
+		Use:   "acquire",
+		Short: "Acquire a lease and print shell exports for it",
+		Long: `Acquire a lease on a key (a generated key when none is given) and print
+export lines, so that
+
+    eval "$(raftlockd client acquire --key orders/1)"
+
+leaves RAFTLOCKD_CLIENT_KEY, _LEASE, _TXN_ID and _FENCING_TOKEN set for the
+commands that follow. With RAFTLOCKD_CLIENT_TXN_ID already set, the new lease
+joins that transaction.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ttlSecs, err := parseSeconds(ttl)
+			if err != nil {
+				return fmt.Errorf("--ttl: %w", err)
+			}
+			blockSecs, err := parseSeconds(block)
+			if err != nil {
+				return fmt.Errorf("--block: %w", err)
+			}
+			c, err := opts.dial()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := opts.context()
+			defer cancel()
+			req := wire.AcquireRequest{Namespace: opts.namespace, Key: l.key, Owner: owner, TTLSeconds: ttlSecs,
+				BlockSecs: blockSecs, IfNotExists: ifNotExists, TxnID: l.txnID}
+			if idem == "" {
+				idem = defaultIdempotencyKey()
+			}
+			lease, err := c.AcquireWithKey(ctx, req, idem)
+			if err != nil {
+				return err
+			}
+			out := cmd.OutOrStdout()
+			for _, kv := range [][2]string{
+				{"NAMESPACE", lease.Namespace}, {"KEY", lease.Key}, {"OWNER", lease.Owner}, {"LEASE", lease.LeaseID},
+				{"TXN_ID", lease.TxnID}, {"FENCING_TOKEN", strconv.FormatInt(lease.FencingToken, 10)},
+				{"EXPIRES_AT", strconv.FormatInt(lease.ExpiresAt, 10)}, {"VERSION", strconv.FormatInt(lease.Version, 10)},
+			} {
+				fmt.Fprintf(out, "export %s%s=%s\n", clientEnv, kv[0], shellQuote(kv[1]))
+			}
+			return nil
+		},
+	}
+	l.register(cmd, false)
+	f := cmd.Flags()
+	f.StringVar(&owner, "owner", defaultOwner(), "owner recorded on the lease")
+	f.StringVar(&ttl, "ttl", "0", "lease TTL, e.g. 30s (0: server default)")
+	f.StringVar(&block, "block", "0", "how long to wait for a held key, e.g. 10s (0: server maximum, -1: do not wait)")
+	f.BoolVar(&ifNotExists, "if-not-exists", false, "fail with already_exists when the key has state or a holder")
+	f.StringVar(&idem, "idempotency-key", "", "request identity; retries with the same key get the same lease")
+	return cmd
+}
+
+// defaultIdempotencyKey makes one acquire invocation's retries share an identity.
+func defaultIdempotencyKey() string {
+	host, _ := os.Hostname()
+	return fmt.Sprintf("cli-%s-%d-%d", host, os.Getpid(), time.Now().UnixNano())
+}
+
+func newKeepAliveCmd(opts *clientOpts) *cobra.Command {
+	var l leaseFlags
+	var ttl string
+	cmd := &cobra.Command{
+		Use:   "keepalive",
+		Short: "Extend a held lease",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			secs, err := parseSeconds(ttl)
+			if err != nil {
+				return fmt.Errorf("--ttl: %w", err)
+			}
+			c, err := opts.dial()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := opts.context()
+			defer cancel()
+			out, err := c.KeepAlive(ctx, l.ref(opts.namespace), time.Duration(secs)*time.Second)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "export %sEXPIRES_AT=%d\n", clientEnv, out.ExpiresAt)
+			return nil
+		},
+	}
+	l.register(cmd, true)
+	cmd.Flags().StringVar(&ttl, "ttl", "0", "new TTL, e.g. 30s (0: the lease's TTL)")
+	return cmd
+}
+
+func newGetCmd(opts *clientOpts) *cobra.Command {
+	var l leaseFlags
+	var public, stale bool
+	cmd := &cobra.Command{
+		Use:   "get",
+		Short: "Print a key's JSON state (the holder's view with --lease, the committed one otherwise)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := opts.dial()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := opts.context()
+			defer cancel()
+			var doc *client.Document
+			switch {
+			case stale:
+				doc, err = c.GetPublicStale(ctx, opts.namespace, l.key)
+			case public || l.lease == "":
+				doc, err = c.GetPublic(ctx, opts.namespace, l.key)
+			default:
+				doc, err = c.Get(ctx, l.ref(opts.namespace))
+			}
+			if err != nil {
+				return err
+			}
+			if doc.Exists {
+				_, err = fmt.Fprintf(cmd.OutOrStdout(), "%s\n", doc.Body)
+			}
+			return err
+		},
+	}
+	l.register(cmd, true)
+	cmd.Flags().BoolVar(&public, "public", false, "read the committed state even when a lease is set")
+	cmd.Flags().BoolVar(&stale, "stale", false, "read the committed state from the server's own copy, without asking the leader (may be behind)")
+	return cmd
+}
+
+func newUpdateCmd(opts *clientOpts) *cobra.Command {
+	var l leaseFlags
+	var ifVersion int64
+	var ifETag string
+	cmd := &cobra.Command{
+		Use:   "update [FILE|-]",
+		Short: "Stage new JSON state for a held key, read from FILE or stdin",
+		Args:  cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var in io.Reader = cmd.InOrStdin()
+			if len(args) == 1 && args[0] != "-" {
+				f, err := os.Open(args[0])
+				if err != nil {
+					return err
+				}
+				defer f.Close()
+				in = f
+			}
+			doc, err := io.ReadAll(in)
+			if err != nil {
+				return err
+			}
+			c, err := opts.dial()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := opts.context()
+			defer cancel()
+			var cond client.Conditions
+			if cmd.Flags().Changed("if-version") {
+				cond.IfVersion = &ifVersion
+			}
+			cond.IfETag = ifETag
+			out, err := c.Update(ctx, l.ref(opts.namespace), doc, cond)
+			if err != nil {
+				return err
+			}
+			return printJSON(cmd.OutOrStdout(), out)
+		},
+	}
+	l.register(cmd, true)
+	cmd.Flags().Int64Var(&ifVersion, "if-version", 0, "only if the current version is this")
+	cmd.Flags().StringVar(&ifETag, "if-etag", "", "only if the current state ETag is this")
+	return cmd
+}
+
+func newRemoveCmd(opts *clientOpts) *cobra.Command {
+	var l leaseFlags
+	cmd := &cobra.Command{
+		Use:   "remove",
+		Short: "Stage the removal of a held key's state",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := opts.dial()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := opts.context()
+			defer cancel()
+			out, err := c.Remove(ctx, l.ref(opts.namespace), client.Conditions{})
+			if err != nil {
+				return err
+			}
+			return printJSON(cmd.OutOrStdout(), out)
+		},
+	}
+	l.register(cmd, true)
+	return cmd
+}
+
+func newReleaseCmd(opts *clientOpts) *cobra.Command {
+	var l leaseFlags
+	var rollback bool
+	cmd := &cobra.Command{
+		Use:   "release",
+		Short: "Release a lease: commit its transaction's staged state (or roll it back)",
+		Long: `Release a lease. Its transaction's staged writes, on every key the
+transaction holds, are committed (or discarded with --rollback) and all its
+leases are released. It prints an unset line for the lease variables, so that
+
+    eval "$(raftlockd client release)"
+
+also ends the transaction in the shell and the next acquire starts a new one.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := opts.dial()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := opts.context()
+			defer cancel()
+			if _, err := c.Release(ctx, l.ref(opts.namespace), rollback); err != nil {
+				return err
+			}
+			var names []string
+			for _, n := range []string{"LEASE", "TXN_ID", "FENCING_TOKEN", "EXPIRES_AT", "VERSION"} {
+				names = append(names, clientEnv+n)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "unset %s\n", strings.Join(names, " "))
+			return nil
+		},
+	}
+	l.register(cmd, true)
+	cmd.Flags().BoolVar(&rollback, "rollback", false, "discard the transaction's staged changes")
+	return cmd
+}
+
+func newDescribeCmd(opts *clientOpts) *cobra.Command {
+	var key string
+	var stale bool
+	cmd := &cobra.Command{
+		Use:   "describe",
+		Short: "Print a key's lease and state metadata",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, err := opts.dial()
+			if err != nil {
+				return err
+			}
+			ctx, cancel := opts.context()
+			defer cancel()
+			describe := c.Describe
+			if stale {
+				describe = c.DescribeStale
+			}
+			out, err := describe(ctx, opts.namespace, key)
+			if err != nil {
+				return err
+			}
+			return printJSON(cmd.OutOrStdout(), out)
+		},
+	}
+	cmd.Flags().StringVar(&key, "key", "", "key")
+	cmd.Flags().BoolVar(&stale, "stale", false, "read from the server's own copy, without asking the leader (may be behind)")
+	return cmd
+}

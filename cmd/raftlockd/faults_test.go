@@ -1,0 +1,362 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/raftlockd/raftlockd/internal/testutil"
+	"github.com/raftlockd/raftlockd/internal/workload"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// These tests run three `raftlockd server` processes on loopback that find
+// each other by gossip and bootstrap one cluster, the way an operator
+// starts them by hand, and then break the leader for real: SIGKILL and
+// restart, SIGSTOP and SIGCONT.
+
+// faultSeedEnv repeats a run's random choices: set it to the seed the run
+// logged.
+const faultSeedEnv = "RAFTLOCKD_TEST_FAULT_SEED"
+
+func faultSeed(t *testing.T) int64 {
+	t.Helper()
+	seed := time.Now().UnixNano()
+	if s := os.Getenv(faultSeedEnv); s != "" {
+		var err error
+		if seed, err = strconv.ParseInt(s, 10, 64); err != nil {
+			t.Fatalf("%s=%q: %v", faultSeedEnv, s, err)
+		}
+	}
+	t.Logf("seed %d (set %s=%d to repeat this run's choices)", seed, faultSeedEnv, seed)
+	return seed
+}
+
+// procNode is one server process of a procCluster, with the data dir and
+// flags it is restarted with.
+type procNode struct {
+	id, dir, api string
+	args         []string
+	proc         *serverProc
+}
+
+type procCluster struct {
+	t     *testing.T
+	nodes []*procNode
+}
+
+// startProcCluster starts size servers that discover each other through
+// --join and --bootstrap-expect, and waits until every one is ready.
+func startProcCluster(t *testing.T, size int) *procCluster {
+	t.Helper()
+	c := &procCluster{t: t}
+	var gossip []string
+	for i := 0; i < size; i++ {
+		n := &procNode{id: fmt.Sprintf("n%d", i+1), dir: t.TempDir(), api: testutil.FreeAddr(t)}
+		g := testutil.FreeAddr(t)
+		n.args = []string{"--node-id", n.id, "--data-dir", n.dir, "--listen", n.api, "--raft-listen", testutil.FreeAddr(t),
+			"--gossip-listen", g, "--bootstrap-expect", strconv.Itoa(size), "--gossip-profile", "fast",
+			"--raft-heartbeat-timeout", "200ms", "--raft-election-timeout", "200ms", "--leader-wait", "2s"}
+		gossip = append(gossip, g)
+		c.nodes = append(c.nodes, n)
+	}
+	for _, n := range c.nodes {
+		n.args = append(n.args, "--join", strings.Join(gossip, ","))
+	}
+	for i := range c.nodes {
+		c.start(i)
+	}
+	for i := range c.nodes {
+		c.waitReady(i, 30*time.Second)
+	}
+	return c
+}
+
+// start (re)starts node i with its data dir and flags; it does not wait.
+func (c *procCluster) start(i int) {
+	c.t.Helper()
+	n := c.nodes[i]
+	n.proc = spawnServer(c.t, n.api, n.args, nil)
+}
+
+// waitReady waits until node i's /readyz answers 200 from node i itself.
+func (c *procCluster) waitReady(i int, timeout time.Duration) {
+	c.t.Helper()
+	n := c.nodes[i]
+	hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	deadline := time.Now().Add(timeout)
+	for {
+		if n.proc.exited() {
+			c.t.Fatalf("%s exited before it was ready (%v); output:\n%s", n.id, n.proc.waitErr, n.proc.log.String())
+		}
+		if resp, err := hc.Get(n.proc.url + "/readyz"); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK && resp.Header.Get(wire.HeaderServedBy) == n.id {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			c.t.Fatalf("%s not ready after %s", n.id, timeout)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func (c *procCluster) url(i int) string { return "http://" + c.nodes[i].api }
+
+func (c *procCluster) endpoints() []string {
+	var out []string
+	for i := range c.nodes {
+		out = append(out, c.url(i))
+	}
+	return out
+}
+
+// others lists every node index but i.
+func (c *procCluster) others(i int) []int {
+	var out []int
+	for j := range c.nodes {
+		if j != i {
+			out = append(out, j)
+		}
+	}
+	return out
+}
+
+func (c *procCluster) signal(i int, sig syscall.Signal) {
+	c.t.Helper()
+	if err := syscall.Kill(c.nodes[i].proc.cmd.Process.Pid, sig); err != nil {
+		c.t.Fatalf("%s %s: %v", sig, c.nodes[i].id, err)
+	}
+}
+
+// converge waits until every node has applied the same log and checks
+// that every acknowledged commit is present on each of them.
+func (c *procCluster) converge(ctx context.Context, writers []*workload.Writer) {
+	c.t.Helper()
+	index, err := workload.WaitConverged(ctx, c.endpoints(), 30*time.Second)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	if err := workload.Verify(ctx, c.endpoints(), writers); err != nil {
+		c.t.Fatalf("after the nodes converged at applied index %d: %v", index, err)
+	}
+	acked := 0
+	for _, w := range writers {
+		acked += len(w.Acked)
+	}
+	c.t.Logf("all %d nodes applied index %d and hold all %d acknowledged commits", len(c.nodes), index, acked)
+}
+
+func startLoad(t *testing.T, c *procCluster, seed int64, prefix string) *workload.Load {
+	t.Helper()
+	load, err := workload.Start(workload.Config{Endpoints: c.endpoints(), Writers: 6, Seed: seed, Prefix: prefix,
+		TTL: 2 * time.Second, Block: 10 * time.Second, Retry: time.Second, RequestTimeout: 4 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { load.Stop() })
+	return load
+}
+
+func checkViolations(t *testing.T, load *workload.Load) {
+	t.Helper()
+	for _, v := range load.Violations() {
+		t.Error(v)
+	}
+}
+
+// TestFaultLeaderKilled SIGKILLs the leader while writers commit through
+// all three nodes: the survivors elect a leader and serve every writer,
+// the killed node restarted on its data dir rejoins by itself, and every
+// acknowledged commit ends up on all three nodes.
+func TestFaultLeaderKilled(t *testing.T) {
+	t.Parallel()
+	seed := faultSeed(t)
+	rng := rand.New(rand.NewSource(seed))
+	ctx := context.Background()
+	c := startProcCluster(t, 3)
+	load := startLoad(t, c, seed, "kill")
+
+	if err := load.WaitAcks(int64(20+rng.Intn(40)), 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	leader, err := workload.WaitLeader(ctx, c.endpoints(), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	survivors := c.others(leader)
+	before := load.Acks()
+	killedAt := time.Now()
+	c.nodes[leader].proc.kill()
+	took, err := workload.ProbeWrite(ctx, c.url(survivors[rng.Intn(2)]), "kill-probe", killedAt, 15*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("leader %s SIGKILLed after %d commits; first write acknowledged through a survivor %s later (under load)",
+		c.nodes[leader].id, before, took.Round(time.Millisecond))
+	if err := load.WaitServedSince(killedAt, 20*time.Second); err != nil {
+		t.Fatalf("clients were not served by the survivors: %v", err)
+	}
+	served := time.Since(killedAt)
+	if err := load.WaitAcks(before+40, 20*time.Second); err != nil {
+		t.Fatalf("while %s was down: %v", c.nodes[leader].id, err)
+	}
+	newLeader, err := workload.WaitLeader(ctx, c.endpoints(), 10*time.Second, leader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("every writer served again within %s of the kill; %s leads; %d commits acknowledged while %s was down",
+		served.Round(time.Millisecond), c.nodes[newLeader].id, load.Acks()-before, c.nodes[leader].id)
+
+	// Restarted with the same data dir and flags, the node rejoins without
+	// operator action and serves (forwarded) writes.
+	c.start(leader)
+	c.waitReady(leader, 30*time.Second)
+	if _, err := workload.ProbeWrite(ctx, c.url(leader), "rejoined", time.Now(), 15*time.Second); err != nil {
+		t.Fatalf("restarted node: %v", err)
+	}
+	if err := load.WaitAcks(load.Acks()+20, 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	writers := load.Stop()
+	t.Log(workload.Summary(writers))
+	checkViolations(t, load)
+	c.converge(ctx, writers)
+}
+
+// TestFaultLeaderPaused SIGSTOPs the leader: the others elect a new leader
+// and writes continue; after SIGCONT the old leader steps down, catches up
+// and serves again.
+func TestFaultLeaderPaused(t *testing.T) {
+	t.Parallel()
+	seed := faultSeed(t)
+	rng := rand.New(rand.NewSource(seed))
+	ctx := context.Background()
+	c := startProcCluster(t, 3)
+	load := startLoad(t, c, seed, "pause")
+
+	if err := load.WaitAcks(int64(20+rng.Intn(40)), 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	old, err := workload.WaitLeader(ctx, c.endpoints(), 10*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pausedAt := time.Now()
+	c.signal(old, syscall.SIGSTOP)
+	resumed := false
+	t.Cleanup(func() {
+		if !resumed {
+			_ = syscall.Kill(c.nodes[old].proc.cmd.Process.Pid, syscall.SIGCONT)
+		}
+	})
+	// Writes through a follower are forwarded to the paused leader until the
+	// follower learns of the new one: they must not wait for the paused
+	// process, whose connections stay open, beyond that.
+	took, err := workload.ProbeWrite(ctx, c.url(c.others(old)[rng.Intn(2)]), "pause-probe", pausedAt, 15*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newLeader, err := workload.WaitLeader(ctx, c.endpoints(), 10*time.Second, old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	elected := time.Since(pausedAt)
+	if err := load.WaitServedSince(pausedAt, 20*time.Second); err != nil {
+		t.Fatalf("writes did not continue while the old leader was paused: %v", err)
+	}
+	t.Logf("leader %s SIGSTOPped: first write through a follower acknowledged after %s, %s seen leading after %s, every writer served after %s",
+		c.nodes[old].id, took.Round(time.Millisecond), c.nodes[newLeader].id, elected.Round(time.Millisecond),
+		time.Since(pausedAt).Round(time.Millisecond))
+	if took > 3*time.Second {
+		t.Errorf("the first write after the leader paused took %s: forwarded requests waited for the paused leader", took)
+	}
+	if c.nodes[old].proc.exited() {
+		t.Fatalf("the paused node exited: %v", c.nodes[old].proc.waitErr)
+	}
+
+	resumedAt := time.Now()
+	c.signal(old, syscall.SIGCONT)
+	resumed = true
+	// The old leader learns of the newer term and steps down; the cluster
+	// keeps exactly one leader.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		m, err := workload.Metrics(ctx, c.url(old))
+		leaders, terms := workload.Leaders(ctx, c.endpoints())
+		if err == nil && m["raftlockd_raft_is_leader"] == 0 && len(leaders) == 1 && leaders[0] != old &&
+			m["raftlockd_raft_term"] >= terms[0] {
+			t.Logf("after SIGCONT %s stepped down within %s (term %.0f, leader %s)", c.nodes[old].id,
+				time.Since(resumedAt).Round(time.Millisecond), m["raftlockd_raft_term"], c.nodes[leaders[0]].id)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("old leader did not step down within 10s of SIGCONT: metrics err %v, is_leader %v, leaders %v",
+				err, m["raftlockd_raft_is_leader"], leaders)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	c.waitReady(old, 10*time.Second)
+	if _, err := workload.ProbeWrite(ctx, c.url(old), "resumed", time.Now(), 15*time.Second); err != nil {
+		t.Fatalf("resumed node: %v", err)
+	}
+	if err := load.WaitAcks(load.Acks()+20, 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	writers := load.Stop()
+	t.Log(workload.Summary(writers))
+	checkViolations(t, load)
+	c.converge(ctx, writers)
+}
+
+// TestFaultFailoverTime measures, over a few rounds without other load,
+// how long after the leader is SIGKILLed a write through a surviving node
+// is acknowledged again; the killed node is restarted between rounds.
+func TestFaultFailoverTime(t *testing.T) {
+	const rounds = 3
+	ctx := context.Background()
+	c := startProcCluster(t, 3)
+	var times []time.Duration
+	for r := 0; r < rounds; r++ {
+		leader, err := workload.WaitLeader(ctx, c.endpoints(), 10*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		survivor := c.url(c.others(leader)[r%2])
+		// A warm connection and a known-good path before the kill.
+		if _, err := workload.ProbeWrite(ctx, survivor, fmt.Sprintf("warm-%d", r), time.Now(), 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		killedAt := time.Now()
+		c.nodes[leader].proc.kill()
+		took, err := workload.ProbeWrite(ctx, survivor, fmt.Sprintf("failover-%d", r), killedAt, 15*time.Second)
+		if err != nil {
+			t.Fatalf("round %d: %v", r+1, err)
+		}
+		times = append(times, took)
+		t.Logf("round %d: leader %s SIGKILLed, first write acknowledged through a survivor after %s", r+1,
+			c.nodes[leader].id, took.Round(time.Millisecond))
+		c.start(leader)
+		c.waitReady(leader, 30*time.Second)
+		if _, err := workload.WaitConverged(ctx, c.endpoints(), 30*time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	slices.Sort(times)
+	t.Logf("failover (leader SIGKILL -> first acknowledged write, 200ms raft timeouts): median %s, max %s over %d rounds",
+		times[len(times)/2].Round(time.Millisecond), times[len(times)-1].Round(time.Millisecond), rounds)
+	// Raft needs about an election timeout or two; far more means requests
+	// waited on something they should not.
+	if worst := times[len(times)-1]; worst > 5*time.Second {
+		t.Errorf("failover took %s", worst)
+	}
+}

@@ -1,0 +1,105 @@
+// Command raftlockd is the daemon and its command line: `raftlockd server`
+// runs a node (a self-bootstrapping single-node cluster by default),
+// `raftlockd client ...` drives leases and state from a shell, `raftlockd
+// snapshot`, `raftlockd cluster` and `raftlockd tc` are the operator's
+// commands, `raftlockd bench` measures a cluster, `raftlockd version` says
+// what was built. Every flag can also be set through an environment
+// variable named after it (RAFTLOCKD_<FLAG> for the server,
+// RAFTLOCKD_CLIENT_<FLAG> for client and operator commands), which is how
+// `eval "$(raftlockd client acquire ...)"` hands a lease to the commands
+// that follow.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"runtime/debug"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+var version = "" // set with -ldflags "-X main.version=..."
+
+func buildVersion() string {
+	if version != "" {
+		return version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok {
+		v := bi.Main.Version
+		for _, s := range bi.Settings {
+			if s.Key == "vcs.revision" && len(s.Value) >= 12 {
+				v += " (" + s.Value[:12] + ")"
+			}
+		}
+		return v
+	}
+	return "unknown"
+}
+
+func main() {
+	if err := newRoot().Execute(); err != nil {
+		fmt.Fprintln(os.Stderr, "raftlockd:", err)
+		os.Exit(1)
+	}
+}
+
+func newRoot() *cobra.Command {
+	root := &cobra.Command{
+		Use:           "raftlockd",
+		Short:         "Raft-replicated lock, state and transaction daemon",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+	}
+	root.AddCommand(newServerCmd(), newClientCmd(), newSnapshotCmd(), newClusterCmd(), newTCCmd(), newBenchCmd(), &cobra.Command{
+		Use:   "version",
+		Short: "Print the version",
+		Args:  cobra.NoArgs,
+		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), "raftlockd", buildVersion()) },
+	})
+	root.AddCommand(newHealthCmd())
+	return root
+}
+
+// envName is the environment variable that stands in for flag name under prefix.
+func envName(prefix, flag string) string {
+	return prefix + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
+}
+
+// bindEnv documents the environment variable of every flag of cmd (and its
+// persistent parents) and, before cmd runs, fills each flag the command
+// line left unset from its variable.
+func bindEnv(cmd *cobra.Command, prefix string) {
+	annotate := func(fs *pflag.FlagSet) {
+		fs.VisitAll(func(f *pflag.Flag) {
+			if !strings.Contains(f.Usage, "(env ") {
+				f.Usage += fmt.Sprintf(" (env %s)", envName(prefix, f.Name))
+			}
+		})
+	}
+	annotate(cmd.Flags())
+	annotate(cmd.PersistentFlags())
+	prev := cmd.PreRunE
+	cmd.PreRunE = func(c *cobra.Command, args []string) error {
+		var errs []error
+		c.Flags().VisitAll(func(f *pflag.Flag) {
+			if f.Changed {
+				return
+			}
+			if v, ok := os.LookupEnv(envName(prefix, f.Name)); ok {
+				if err := c.Flags().Set(f.Name, v); err != nil {
+					errs = append(errs, fmt.Errorf("%s: %w", envName(prefix, f.Name), err))
+				}
+			}
+		})
+		if err := errors.Join(errs...); err != nil {
+			return err
+		}
+		if prev != nil {
+			return prev(c, args)
+		}
+		return nil
+	}
+}

@@ -1,0 +1,571 @@
+package fsm
+
+import (
+	"bytes"
+	"encoding/json"
+	"strings"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/staging"
+)
+
+// applyState is one batch's view of the state file: a bbolt write
+// transaction, the replicated clock and the events to publish after commit.
+// Every operation checks all of its preconditions before its first write, so
+// a rejected command changes nothing.
+type applyState struct {
+	reader
+	now     int64
+	seq     uint64
+	dirty   bool // now or seq changed
+	events  []Event
+	backend string // set by this batch
+}
+
+func beginApply(tx *bolt.Tx) *applyState {
+	s := &applyState{reader: reader{tx: tx}}
+	meta := s.b(bucketMeta)
+	s.now = int64(u64(meta.Get(metaNow)))
+	s.seq = u64(meta.Get(metaSeq))
+	return s
+}
+
+func (s *applyState) appliedIndex() uint64 { return u64(s.b(bucketMeta).Get(metaApplied)) }
+
+func (s *applyState) finish(index, term uint64) {
+	meta := s.b(bucketMeta)
+	v := putU64(index)
+	v = append(v, putU64(term)...)
+	must(meta.Put(metaApplied, v))
+	if s.dirty {
+		must(meta.Put(metaNow, putU64(uint64(s.now))))
+		must(meta.Put(metaSeq, putU64(s.seq)))
+	}
+}
+
+func (s *applyState) putJSON(bucket, key []byte, v any) {
+	raw, err := json.Marshal(v)
+	must(err)
+	must(s.b(bucket).Put(key, raw))
+}
+
+func (s *applyState) put(bucket, key, val []byte) { must(s.b(bucket).Put(key, val)) }
+func (s *applyState) del(bucket, key []byte)      { must(s.b(bucket).Delete(key)) }
+
+func (s *applyState) emit(e Event) { s.events = append(s.events, e) }
+
+// apply runs one decoded log entry. The replicated clock only moves forward:
+// a leader whose wall clock is behind its predecessor's does not rewind it.
+func (s *applyState) apply(data []byte) *Result {
+	c, err := Decode(data)
+	if err != nil {
+		return fail(err.(*errcode.Error))
+	}
+	if c.Now > s.now {
+		s.now = c.Now
+		s.dirty = true
+	}
+	switch c.Op {
+	case OpAcquire:
+		return s.acquire(c.Acquire)
+	case OpCancelWait:
+		return s.cancelWait(c.CancelWait)
+	case OpKeepAlive:
+		return s.keepAlive(c.KeepAlive)
+	case OpWrite:
+		return s.write(c.Write)
+	case OpRelease:
+		return s.release(c.Release)
+	case OpSweep:
+		return s.sweep(c.Sweep)
+	case OpNoop:
+		return &Result{}
+	case OpSetBackend:
+		return s.setBackend(c.SetBackend)
+	}
+	return fail(errcode.UnknownCmd.With("%q", c.Op))
+}
+
+func nonEmpty(fields ...string) bool {
+	for _, f := range fields {
+		if f == "" {
+			return false
+		}
+	}
+	return true
+}
+
+func hasNUL(fields ...string) bool {
+	for _, f := range fields {
+		if strings.IndexByte(f, 0) >= 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// validName rejects what would break the ns\0key layout. The HTTP layer
+// applies the user-facing rules; this keeps the state file sound whatever
+// reaches the log.
+func validName(ns, key string) *errcode.Error {
+	if ns == "" || key == "" || hasNUL(ns, key) {
+		return errcode.MalformedCmd.With("bad namespace or key")
+	}
+	return nil
+}
+
+func (s *applyState) acquire(c *AcquireCmd) *Result {
+	if err := validName(c.Namespace, c.Key); err != nil {
+		return fail(err)
+	}
+	if !nonEmpty(c.Owner, c.TxnID, c.LeaseID, c.RequestID) || hasNUL(c.TxnID) || c.TTL <= 0 || c.Wait < 0 {
+		return fail(errcode.MalformedCmd.With("acquire needs owner, txn, lease, request id and a positive ttl"))
+	}
+	t := s.txn(c.TxnID)
+	if t != nil && t.State != TxnPending {
+		return fail(decidedErr(t))
+	}
+	k := keyOf(c.Namespace, c.Key)
+	rec := s.keyRecord(k)
+	// A retry of a request that already holds the key, or another acquire by
+	// the transaction holding it, gets the existing lease back.
+	if l := rec.Lease; l != nil && (l.RequestID == c.RequestID || l.TxnID == c.TxnID) {
+		return &Result{Lease: leaseInfo(c.Namespace, c.Key, &rec)}
+	}
+	if wk := s.b(bucketWaitReq).Get([]byte(c.RequestID)); wk != nil {
+		return &Result{Queued: true}
+	}
+	if c.IfNotExists && (rec.State || rec.Lease != nil) {
+		e := errcode.AlreadyExists.With("key already exists")
+		e.CurrentVersion, e.CurrentETag = rec.Version, rec.ETag
+		return fail(e)
+	}
+	if tooLarge(t, c.Namespace, c.Key) {
+		return fail(errcode.TxnTooLarge.With("a transaction holds at most %d keys", MaxParticipants))
+	}
+	w := Waiter{RequestID: c.RequestID, LeaseID: c.LeaseID, TxnID: c.TxnID, Owner: c.Owner, TTL: c.TTL}
+	if rec.Lease == nil {
+		s.grant(c.Namespace, c.Key, k, &rec, w)
+		s.putJSON(bucketKeys, k, rec)
+		return &Result{Lease: leaseInfo(c.Namespace, c.Key, &rec)}
+	}
+	if c.Wait == 0 {
+		e := errcode.Waiting.With("lease held by another owner")
+		e.RetryAfter = max(1, (rec.Lease.ExpiresAt-s.now+999)/1000)
+		return fail(e)
+	}
+	w.Deadline, w.EnqueuedAt = s.now+c.Wait, s.now
+	s.addWaiter(k, &rec, w)
+	s.putJSON(bucketKeys, k, rec)
+	s.emit(Event{Kind: EventTimer, When: w.Deadline})
+	return &Result{Queued: true}
+}
+
+// MaxParticipants bounds the keys of one transaction, so that deciding it
+// (one log entry, applied on every node) stays a bounded amount of work.
+const MaxParticipants = 1024
+
+func tooLarge(t *TxnRecord, ns, key string) bool {
+	return t != nil && len(t.Participants) >= MaxParticipants && !t.has(ns, key)
+}
+
+// grant gives the free key k to w: the fencing counter moves on, the lease's
+// expiry is indexed for the sweeper and the key joins w's transaction. The
+// caller stores rec.
+func (s *applyState) grant(ns, key string, k []byte, rec *KeyRecord, w Waiter) {
+	rec.Fencing++
+	rec.Lease = &Lease{ID: w.LeaseID, TxnID: w.TxnID, Owner: w.Owner, RequestID: w.RequestID,
+		Token: rec.Fencing, TTL: w.TTL, AcquiredAt: s.now, ExpiresAt: s.now + w.TTL}
+	s.put(bucketLeaseExp, timerKey(rec.Lease.ExpiresAt, k), nil)
+	t := s.txn(w.TxnID)
+	if t == nil {
+		t = &TxnRecord{State: TxnPending, CreatedAt: s.now}
+	}
+	if !t.has(ns, key) {
+		t.Participants = append(t.Participants, Participant{Namespace: ns, Key: key})
+	}
+	s.putJSON(bucketTxns, []byte(w.TxnID), t)
+	s.emit(Event{Kind: EventTimer, When: rec.Lease.ExpiresAt})
+}
+
+// addWaiter queues w on key k, indexed by request, deadline and transaction.
+func (s *applyState) addWaiter(k []byte, rec *KeyRecord, w Waiter) {
+	s.seq++
+	s.dirty = true
+	wk := waiterKey(k, s.seq)
+	s.putJSON(bucketWaiters, wk, w)
+	s.put(bucketWaitReq, []byte(w.RequestID), wk)
+	s.put(bucketWaitExp, timerKey(w.Deadline, wk), nil)
+	s.put(bucketWaitTxn, txnWaiterKey(w.TxnID, wk), nil)
+	rec.Waiters++
+}
+
+// removeWaiter deletes a queued acquire and its indexes; the caller adjusts
+// the key's count.
+func (s *applyState) removeWaiter(wk []byte, w *Waiter) {
+	s.del(bucketWaiters, wk)
+	s.del(bucketWaitReq, []byte(w.RequestID))
+	s.del(bucketWaitExp, timerKey(w.Deadline, wk))
+	s.del(bucketWaitTxn, txnWaiterKey(w.TxnID, wk))
+}
+
+// txnWaiters lists the queued acquires of txn, on any key.
+func (s *applyState) txnWaiters(txn string) [][]byte {
+	p := append([]byte(txn), 0)
+	var out [][]byte
+	c := s.b(bucketWaitTxn).Cursor()
+	for k, _ := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, _ = c.Next() {
+		out = append(out, bytes.Clone(k[len(p):]))
+	}
+	return out
+}
+
+// endWaiter removes one queued acquire and tells its requester why.
+func (s *applyState) endWaiter(wk []byte, why *errcode.Error) {
+	var w Waiter
+	if !s.getJSON(bucketWaiters, wk, &w) {
+		return
+	}
+	s.removeWaiter(wk, &w)
+	k := waiterOwner(wk)
+	rec := s.keyRecord(k)
+	rec.Waiters = max(0, rec.Waiters-1)
+	s.putJSON(bucketKeys, k, rec)
+	s.emit(Event{Kind: EventWaitEnded, RequestID: w.RequestID, Err: why})
+}
+
+// releaseLease frees k and hands it, in the same step, to the first queued
+// acquirer that is still waiting; further requests of the same transaction
+// queued on k get the same lease. It stores rec.
+func (s *applyState) releaseLease(k []byte, rec *KeyRecord) {
+	s.del(bucketLeaseExp, timerKey(rec.Lease.ExpiresAt, k))
+	rec.Lease = nil
+	ns, key := splitKey(k)
+	prefix := waiterPrefix(k)
+	for rec.Waiters > 0 {
+		wk, raw := s.b(bucketWaiters).Cursor().Seek(prefix)
+		if wk == nil || !bytes.HasPrefix(wk, prefix) {
+			rec.Waiters = 0 // the count drifted; the queue is the truth
+			break
+		}
+		wk = bytes.Clone(wk)
+		var w Waiter
+		must(json.Unmarshal(raw, &w))
+		s.removeWaiter(wk, &w)
+		rec.Waiters--
+		t := s.txn(w.TxnID)
+		switch {
+		case w.Deadline <= s.now:
+			s.emit(Event{Kind: EventWaitEnded, RequestID: w.RequestID, Err: errcode.Waiting.With("acquire timed out")})
+			continue
+		case t != nil && t.State != TxnPending:
+			s.emit(Event{Kind: EventWaitEnded, RequestID: w.RequestID, Err: decidedErr(t)})
+			continue
+		case tooLarge(t, ns, key):
+			s.emit(Event{Kind: EventWaitEnded, RequestID: w.RequestID, Err: errcode.TxnTooLarge.With("a transaction holds at most %d keys", MaxParticipants)})
+			continue
+		}
+		s.grant(ns, key, k, rec, w)
+		info := leaseInfo(ns, key, rec)
+		s.emit(Event{Kind: EventGranted, RequestID: w.RequestID, Lease: info})
+		for _, other := range s.txnWaiters(w.TxnID) {
+			if !bytes.Equal(waiterOwner(other), k) {
+				continue
+			}
+			var ow Waiter
+			if s.getJSON(bucketWaiters, other, &ow) {
+				s.removeWaiter(other, &ow)
+				rec.Waiters--
+				s.emit(Event{Kind: EventGranted, RequestID: ow.RequestID, Lease: info})
+			}
+		}
+		break
+	}
+	s.putJSON(bucketKeys, k, rec)
+}
+
+func (s *applyState) cancelWait(c *CancelWaitCmd) *Result {
+	if err := validName(c.Namespace, c.Key); err != nil {
+		return fail(err)
+	}
+	if c.RequestID == "" {
+		return fail(errcode.MalformedCmd.With("cancel needs a request id"))
+	}
+	k := keyOf(c.Namespace, c.Key)
+	if wk := s.b(bucketWaitReq).Get([]byte(c.RequestID)); wk != nil {
+		if !bytes.Equal(waiterOwner(wk), k) {
+			return fail(errcode.MalformedCmd.With("request %s waits on another key", c.RequestID))
+		}
+		s.endWaiter(bytes.Clone(wk), errcode.Waiting.With("acquire cancelled"))
+		return &Result{Cancelled: true}
+	}
+	// Not queued any more: it was either granted meanwhile or dropped.
+	rec := s.keyRecord(k)
+	if rec.Lease != nil && rec.Lease.RequestID == c.RequestID {
+		return &Result{Lease: leaseInfo(c.Namespace, c.Key, &rec)}
+	}
+	return &Result{Cancelled: true}
+}
+
+func (s *applyState) keepAlive(c *KeepAliveCmd) *Result {
+	if err := validName(c.Namespace, c.Key); err != nil {
+		return fail(err)
+	}
+	if c.TTL < 0 {
+		return fail(errcode.MalformedCmd.With("negative ttl"))
+	}
+	k := keyOf(c.Namespace, c.Key)
+	rec := s.keyRecord(k)
+	if err := s.checkLease(c.Namespace, c.Key, &rec, c.LeaseID, c.TxnID, c.Token, s.now); err != nil {
+		return fail(err)
+	}
+	l := rec.Lease
+	if c.TTL > 0 {
+		l.TTL = c.TTL
+	}
+	s.del(bucketLeaseExp, timerKey(l.ExpiresAt, k))
+	l.ExpiresAt = s.now + l.TTL
+	s.put(bucketLeaseExp, timerKey(l.ExpiresAt, k), nil)
+	s.putJSON(bucketKeys, k, rec)
+	s.emit(Event{Kind: EventTimer, When: l.ExpiresAt})
+	return &Result{Lease: leaseInfo(c.Namespace, c.Key, &rec)}
+}
+
+func (s *applyState) write(c *WriteCmd) *Result {
+	if err := validName(c.Namespace, c.Key); err != nil {
+		return fail(err)
+	}
+	if !c.Delete && (c.ETag == "" || len(c.Doc) == 0) {
+		return fail(errcode.MalformedCmd.With("update needs a document and its etag"))
+	}
+	k := keyOf(c.Namespace, c.Key)
+	rec := s.keyRecord(k)
+	if err := s.checkLease(c.Namespace, c.Key, &rec, c.LeaseID, c.TxnID, c.Token, s.now); err != nil {
+		return fail(err)
+	}
+	version, etag, exists, _ := s.holderView(c.Namespace, c.Key, &rec)
+	if c.IfVersion != nil && *c.IfVersion != version {
+		e := errcode.VersionConflict.With("version is %d, not %d", version, *c.IfVersion)
+		e.CurrentVersion, e.CurrentETag = version, etag
+		return fail(e)
+	}
+	if c.IfETag != "" && c.IfETag != etag {
+		e := errcode.ETagMismatch.With("state etag does not match")
+		e.CurrentVersion, e.CurrentETag = version, etag
+		return fail(e)
+	}
+	txn := rec.Lease.TxnID
+	area := staging.In(s.tx)
+	// A transaction commits as one new version of each key it wrote.
+	next := rec.Version + 1
+	if c.Delete {
+		if !exists {
+			return &Result{Write: &WriteResult{Version: version}}
+		}
+		must(area.Put(txn, c.Namespace, c.Key, staging.Write{Version: next, Deleted: true, StagedAt: s.now}))
+		return &Result{Write: &WriteResult{Version: next, Removed: true}}
+	}
+	must(area.Put(txn, c.Namespace, c.Key, staging.Write{Version: next, ETag: c.ETag, StagedAt: s.now, Doc: c.Doc}))
+	return &Result{Write: &WriteResult{Version: next, ETag: c.ETag, Bytes: int64(len(c.Doc))}}
+}
+
+func (s *applyState) release(c *ReleaseCmd) *Result {
+	if err := validName(c.Namespace, c.Key); err != nil {
+		return fail(err)
+	}
+	if c.LeaseID == "" {
+		return fail(errcode.MalformedCmd.With("release needs a lease id"))
+	}
+	k := keyOf(c.Namespace, c.Key)
+	rec := s.keyRecord(k)
+	if l := rec.Lease; l != nil && l.ID == c.LeaseID {
+		if c.TxnID != "" && c.TxnID != l.TxnID {
+			return fail(errcode.TxnMismatch.With("lease belongs to transaction %s", l.TxnID))
+		}
+		if c.Token != 0 && c.Token != l.Token {
+			return fail(errcode.FencingMismatch.With("fencing token %d is not the lease's %d", c.Token, l.Token))
+		}
+		t := s.txn(l.TxnID)
+		if t != nil && t.State != TxnPending {
+			// A lease outliving its transaction's decision must not happen;
+			// should it, the release frees the key.
+			s.releaseLease(k, &rec)
+			return &Result{Released: true, Decision: t.State}
+		}
+		reason := ReasonRelease
+		if s.anyExpired(l.TxnID, t, &rec) {
+			// All or nothing: a transaction with an expired lease cannot commit.
+			if !c.Rollback {
+				return fail(errcode.LeaseExpired.With("a lease of the transaction expired; its changes will be rolled back"))
+			}
+			reason = ReasonExpired
+		}
+		decision := s.decide(l.TxnID, !c.Rollback, reason)
+		return &Result{Released: true, Decision: decision}
+	}
+	// The lease is gone. A retried release is answered from the recorded
+	// decision, which never changes.
+	t := s.txn(c.TxnID)
+	if t == nil || t.State == TxnPending || !t.has(c.Namespace, c.Key) {
+		return fail(errcode.LeaseRequired.With("lease %s does not hold %s/%s", c.LeaseID, c.Namespace, c.Key))
+	}
+	switch {
+	case t.State == TxnCommit && !c.Rollback, t.State == TxnRollback && c.Rollback:
+		return &Result{Released: true, Decision: t.State}
+	case t.State == TxnRollback && t.Reason == ReasonExpired:
+		return fail(errcode.LeaseExpired.With("lease expired and its transaction was rolled back"))
+	default:
+		return fail(decidedErr(t))
+	}
+}
+
+// anyExpired reports whether a lease of txn (rec's included) has
+// passed its expiry.
+func (s *applyState) anyExpired(txn string, t *TxnRecord, rec *KeyRecord) bool {
+	if rec.Lease.ExpiresAt <= s.now {
+		return true
+	}
+	if t == nil {
+		return false
+	}
+	for _, p := range t.Participants {
+		r := s.keyRecord(keyOf(p.Namespace, p.Key))
+		if r.Lease != nil && r.Lease.TxnID == txn && r.Lease.ExpiresAt <= s.now {
+			return true
+		}
+	}
+	return false
+}
+
+// decide records the final decision for txn and applies it to every
+// participant in one step: the transaction's queued acquires leave their
+// queues, staged writes are promoted (commit) or dropped (rollback), its
+// leases are released and each freed key goes to its next queued acquirer.
+// The decision is stored first, so the transaction can never be granted a
+// key again. It returns the recorded decision.
+func (s *applyState) decide(txn string, commit bool, reason string) string {
+	t := s.txn(txn)
+	if t == nil {
+		t = &TxnRecord{State: TxnPending, CreatedAt: s.now}
+	}
+	if t.State != TxnPending {
+		return t.State
+	}
+	t.State = TxnRollback
+	if commit {
+		t.State = TxnCommit
+	}
+	t.Reason = reason
+	t.DecidedAt = s.now
+	s.putJSON(bucketTxns, []byte(txn), t)
+	s.put(bucketTxnDone, timerKey(s.now, []byte(txn)), nil)
+	for _, wk := range s.txnWaiters(txn) {
+		s.endWaiter(wk, decidedErr(t))
+	}
+	for _, p := range t.Participants {
+		k := keyOf(p.Namespace, p.Key)
+		rec := s.keyRecord(k)
+		if commit {
+			if w, ok := s.staged(txn, p.Namespace, p.Key); ok {
+				s.promote(k, &rec, w)
+			}
+		}
+		if rec.Lease != nil && rec.Lease.TxnID == txn {
+			s.releaseLease(k, &rec)
+		} else {
+			s.putJSON(bucketKeys, k, rec)
+		}
+	}
+	must(staging.In(s.tx).Discard(txn))
+	return t.State
+}
+
+func (s *applyState) promote(k []byte, rec *KeyRecord, w staging.Write) {
+	if w.Deleted {
+		s.del(bucketDocs, k)
+		rec.State, rec.ETag, rec.Size = false, "", 0
+	} else {
+		s.put(bucketDocs, k, w.Doc)
+		rec.State, rec.ETag, rec.Size = true, w.ETag, int64(len(w.Doc))
+	}
+	rec.Version = w.Version
+	rec.UpdatedAt = s.now
+}
+
+// dueKeys returns up to limit keys of a time-ordered index whose time is at
+// or before cutoff. They are collected before anything is changed, since
+// bbolt cursors must not walk a bucket that is being modified.
+func (s *applyState) dueKeys(bucket []byte, cutoff int64, limit int) [][]byte {
+	var out [][]byte
+	c := s.b(bucket).Cursor()
+	for k, _ := c.First(); k != nil && len(out) < limit; k, _ = c.Next() {
+		if when, _ := splitTimer(k); when > cutoff {
+			break
+		}
+		out = append(out, bytes.Clone(k))
+	}
+	return out
+}
+
+func (s *applyState) sweep(c *SweepCmd) *Result {
+	if c.Limit <= 0 || c.TxnRetention < 0 {
+		return fail(errcode.MalformedCmd.With("sweep needs a positive limit"))
+	}
+	res := &SweepResult{}
+	// Every lease, waiter, participant and record touched costs one unit of
+	// the budget, so one sweep entry is a bounded step on every node.
+	budget := c.Limit
+	for _, tk := range s.dueKeys(bucketLeaseExp, s.now, budget) {
+		if budget <= 0 {
+			break
+		}
+		budget--
+		_, k := splitTimer(tk)
+		rec := s.keyRecord(k)
+		if rec.Lease == nil || rec.Lease.ExpiresAt > s.now {
+			s.del(bucketLeaseExp, tk) // stale index entry
+			continue
+		}
+		t := s.txn(rec.Lease.TxnID)
+		if t == nil || t.State != TxnPending {
+			s.releaseLease(k, &rec) // a lease outliving its decision; free the key
+			continue
+		}
+		budget -= len(t.Participants) - 1
+		s.decide(rec.Lease.TxnID, false, ReasonExpired)
+		res.Expired++
+	}
+	for _, tk := range s.dueKeys(bucketWaitExp, s.now, max(budget, 0)) {
+		budget--
+		_, wk := splitTimer(tk)
+		if s.b(bucketWaiters).Get(wk) == nil {
+			s.del(bucketWaitExp, tk)
+			continue
+		}
+		s.endWaiter(wk, errcode.Waiting.With("acquire timed out"))
+		res.Abandoned++
+	}
+	for _, tk := range s.dueKeys(bucketTxnDone, s.now-c.TxnRetention, max(budget, 0)) {
+		budget--
+		_, id := splitTimer(tk)
+		s.del(bucketTxnDone, tk)
+		s.del(bucketTxns, id)
+		res.Forgotten++
+	}
+	res.More = budget <= 0
+	return &Result{Sweep: res}
+}
+
+func (s *applyState) setBackend(c *SetBackendCmd) *Result {
+	if c.Hash == "" || len(c.Hash) > 128 {
+		return fail(errcode.MalformedCmd.With("backend hash must be 1-128 bytes"))
+	}
+	meta := s.b(bucketMeta)
+	if meta.Get(metaBackend) == nil {
+		s.put(bucketMeta, metaBackend, []byte(c.Hash))
+		s.backend = c.Hash
+	}
+	return &Result{}
+}

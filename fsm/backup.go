@@ -1,0 +1,158 @@
+package fsm
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/staging"
+)
+
+// Backups are state files: a snapshot streams the bbolt file, and a restore
+// swaps one in. A file that arrives from outside (an operator's backup) is
+// checked before anything trusts it, because a damaged file handed to raft
+// would stop every node that installs it.
+
+// guard runs fn, turning a panic or a memory fault while bbolt reads a
+// damaged file into invalid_snapshot.
+func guard(fn func() error) (err error) {
+	old := debug.SetPanicOnFault(true)
+	defer debug.SetPanicOnFault(old)
+	defer func() {
+		if r := recover(); r != nil {
+			err = errcode.InvalidSnapshot.With("the state file is damaged: %v", r)
+		}
+	}()
+	return fn()
+}
+
+// CheckStateFile reports whether the file at path is a raftlockd state
+// file: a bbolt file whose pages all read back, holding the state machine's
+// buckets, an applied index and well-formed key records. Anything else is
+// errcode.InvalidSnapshot. It returns the applied index recorded in the file.
+func CheckStateFile(path string) (applied uint64, err error) {
+	err = guard(func() error {
+		db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, ReadOnly: true})
+		if err != nil {
+			return errcode.InvalidSnapshot.With("not a raftlockd state file: %v", err)
+		}
+		defer db.Close()
+		return db.View(func(tx *bolt.Tx) error {
+			for _, name := range [][]byte{bucketMeta, bucketKeys, bucketDocs} {
+				if tx.Bucket(name) == nil {
+					return errcode.InvalidSnapshot.With("not a raftlockd state file: no %q bucket", name)
+				}
+			}
+			v := tx.Bucket(bucketMeta).Get(metaApplied)
+			if v != nil && len(v) != 16 {
+				return errcode.InvalidSnapshot.With("not a raftlockd state file: malformed applied index")
+			}
+			applied = u64(v)
+			// The records Apply decodes must decode: a bad one would stop
+			// every node that installed the file.
+			for _, rec := range []struct {
+				bucket []byte
+				value  func() any
+			}{
+				{bucketKeys, func() any { return &KeyRecord{} }},
+				{bucketWaiters, func() any { return &Waiter{} }},
+				{bucketTxns, func() any { return &TxnRecord{} }},
+			} {
+				b := tx.Bucket(rec.bucket)
+				if b == nil {
+					continue
+				}
+				err := b.ForEach(func(k, v []byte) error {
+					if json.Unmarshal(v, rec.value()) != nil {
+						return errcode.InvalidSnapshot.With("%s record %q is malformed", rec.bucket, k)
+					}
+					return nil
+				})
+				if err != nil {
+					return err
+				}
+			}
+			if err := staging.Check(tx); err != nil {
+				return errcode.InvalidSnapshot.With("%v", err)
+			}
+			// Reading every key and value touches every page: a truncated
+			// or damaged file fails here rather than in Apply.
+			return tx.ForEach(func(_ []byte, b *bolt.Bucket) error { return walk(b) })
+		})
+	})
+	return applied, err
+}
+
+func walk(b *bolt.Bucket) error {
+	return b.ForEach(func(k, v []byte) error {
+		if v == nil {
+			if nested := b.Bucket(k); nested != nil {
+				return walk(nested)
+			}
+		}
+		return nil
+	})
+}
+
+// PrepareRestore readies the state file at path, already checked with
+// CheckStateFile, to replace this state machine's state without moving back
+// what must only move forward: every key's fencing counter is raised to at
+// least its current value (a key the file does not know gets a record that
+// holds only its counter), the replicated clock to at least the current
+// one, and the island keeps its backend hash. Documents, versions, leases,
+// queues and transactions are the file's. The caller must keep commands
+// from being applied between this call and the restore.
+func (f *FSM) PrepareRestore(path string) error {
+	return guard(func() error {
+		db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+		if err != nil {
+			return errcode.InvalidSnapshot.With("not a raftlockd state file: %v", err)
+		}
+		defer db.Close()
+		return f.View(func(cur *View) error {
+			return db.Update(func(tx *bolt.Tx) error {
+				keys := tx.Bucket(bucketKeys)
+				err := cur.b(bucketKeys).ForEach(func(k, v []byte) error {
+					var now KeyRecord
+					if err := json.Unmarshal(v, &now); err != nil {
+						return fmt.Errorf("fsm: current key record %q: %w", k, err)
+					}
+					var rec KeyRecord
+					old := keys.Get(k)
+					if old != nil {
+						if err := json.Unmarshal(old, &rec); err != nil {
+							return errcode.InvalidSnapshot.With("key record %q is malformed", k)
+						}
+						if rec.Fencing >= now.Fencing {
+							return nil
+						}
+					}
+					rec.Fencing = now.Fencing
+					raw, err := json.Marshal(rec)
+					if err != nil {
+						return err
+					}
+					return keys.Put(bytes.Clone(k), raw)
+				})
+				if err != nil {
+					return err
+				}
+				meta := tx.Bucket(bucketMeta)
+				if clock := u64(cur.b(bucketMeta).Get(metaNow)); clock > u64(meta.Get(metaNow)) {
+					if err := meta.Put(metaNow, putU64(clock)); err != nil {
+						return err
+					}
+				}
+				if backend := cur.b(bucketMeta).Get(metaBackend); len(backend) > 0 {
+					return meta.Put(metaBackend, bytes.Clone(backend))
+				}
+				return nil
+			})
+		})
+	})
+}

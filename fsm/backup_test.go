@@ -1,0 +1,139 @@
+package fsm
+
+import (
+	"errors"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"strconv"
+	"testing"
+
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/raftlockd/raftlockd/errcode"
+)
+
+// snapshotFile persists a snapshot of h's state to a file.
+func snapshotFile(t *testing.T, h *harness) string {
+	t.Helper()
+	snap, err := h.f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snap.Release()
+	var sink memSink
+	if err := snap.Persist(&sink); err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "backup.db")
+	if err := os.WriteFile(path, sink.Bytes(), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
+}
+
+// A damaged or foreign file is invalid_snapshot, never a crash; an intact
+// one passes.
+func TestCheckStateFileRejectsDamagedFiles(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	for i := range 300 {
+		l := mustLease(t, h.one(acq("key-"+strconv.Itoa(i), "t"+strconv.Itoa(i), "r"+strconv.Itoa(i), 60_000, 0)))
+		h.one(update(l, `{"n":`+strconv.Itoa(i)+`,"pad":"`+string(make([]byte, 64))+`"}`))
+		h.one(release(l, false))
+	}
+	good := snapshotFile(t, h)
+	applied, err := CheckStateFile(good)
+	if err != nil || applied != h.f.Applied() {
+		t.Fatalf("intact snapshot: applied %d, %v; want %d", applied, err, h.f.Applied())
+	}
+	raw, _ := os.ReadFile(good)
+	dir := t.TempDir()
+	write := func(name string, data []byte) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	wantInvalid := func(what, path string) {
+		t.Helper()
+		if _, err := CheckStateFile(path); !errors.Is(err, errcode.InvalidSnapshot) {
+			t.Fatalf("%s: %v, want invalid_snapshot", what, err)
+		}
+	}
+	wantInvalid("garbage", write("garbage", []byte("not a state file at all")))
+	wantInvalid("half", write("half", raw[:len(raw)/2]))
+	wantInvalid("no pages", write("meta-only", raw[:2*4096]))
+
+	// A bbolt file of another application.
+	other := filepath.Join(dir, "other.db")
+	db, err := bolt.Open(other, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = db.Update(func(tx *bolt.Tx) error { _, err := tx.CreateBucket([]byte("things")); return err })
+	db.Close()
+	wantInvalid("foreign bbolt file", other)
+
+	// Random damage to data pages: either still readable or rejected.
+	rng := rand.New(rand.NewPCG(7, 11))
+	for i := range 50 {
+		bad := append([]byte(nil), raw...)
+		for range 1 + rng.IntN(8) {
+			off := 2*4096 + rng.IntN(len(bad)-2*4096)
+			bad[off] = byte(rng.IntN(256))
+		}
+		p := write("flip"+strconv.Itoa(i), bad)
+		if _, err := CheckStateFile(p); err != nil && !errors.Is(err, errcode.InvalidSnapshot) {
+			t.Fatalf("damaged file %d: %v, want invalid_snapshot or success", i, err)
+		}
+	}
+}
+
+// PrepareRestore raises fencing counters and the replicated clock to the
+// current state's and keeps the island's backend hash; the rest is the
+// backup's.
+func TestPrepareRestoreKeepsFencingTokensGrowing(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(&Command{Op: OpSetBackend, SetBackend: &SetBackendCmd{Hash: "island-a"}})
+	l := mustLease(t, h.one(acq("a", "t1", "r1", 60_000, 0)))
+	h.one(update(l, `{"v":1}`))
+	h.one(release(l, false))
+	backup := snapshotFile(t, h)
+
+	// Later: a is granted twice more and a new key b appears.
+	for i := 2; i <= 3; i++ {
+		h.now += 1000
+		l := mustLease(t, h.one(acq("a", "t"+strconv.Itoa(i), "r"+strconv.Itoa(i), 60_000, 0)))
+		h.one(update(l, `{"v":`+strconv.Itoa(i)+`}`))
+		h.one(release(l, false))
+	}
+	mustLease(t, h.one(acq("b", "tb", "rb", 60_000, 0)))
+	now := h.f.Now()
+
+	if err := h.f.PrepareRestore(backup); err != nil {
+		t.Fatal(err)
+	}
+	dst := openHarness(t, t.TempDir())
+	dst.one(&Command{Op: OpSetBackend, SetBackend: &SetBackendCmd{Hash: "island-b"}})
+	f, err := os.Open(backup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.f.Restore(f); err != nil {
+		t.Fatal(err)
+	}
+	if d := dst.publicDoc("a"); string(d.Bytes) != `{"v":1}` || d.Version != 1 {
+		t.Fatalf("a after restore: %+v", d)
+	}
+	if dst.f.Now() != now || dst.f.BackendHash() != "island-a" {
+		t.Fatalf("clock %d (want %d), backend %q (want the restoring island's)", dst.f.Now(), now, dst.f.BackendHash())
+	}
+	dst.index, dst.now = dst.f.Applied(), now+1000
+	if la := mustLease(t, dst.one(acq("a", "t9", "r9", 60_000, 0))); la.Token != 4 {
+		t.Fatalf("a's next token after restore = %d, want 4", la.Token)
+	}
+	if lb := mustLease(t, dst.one(acq("b", "t10", "r10", 60_000, 0))); lb.Token != 2 {
+		t.Fatalf("b (absent from the backup) got token %d, want 2", lb.Token)
+	}
+}

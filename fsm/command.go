@@ -1,0 +1,192 @@
+package fsm
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+
+	"github.com/raftlockd/raftlockd/errcode"
+)
+
+// Op names a state machine command.
+type Op string
+
+// The commands the state machine understands.
+const (
+	OpAcquire    Op = "acquire"
+	OpCancelWait Op = "cancel_wait"
+	OpKeepAlive  Op = "keepalive"
+	OpWrite      Op = "write"
+	OpRelease    Op = "release"
+	OpSweep      Op = "sweep"
+	OpNoop       Op = "noop"
+	OpSetBackend Op = "set_backend"
+)
+
+// formatV1 is the first byte of every encoded command.
+const formatV1 = 1
+
+// Command is one replicated instruction. Everything Apply needs is inside it:
+// the leader stamps Now (Unix milliseconds) just before proposing and the
+// proposer mints every identifier, so Apply never reads a clock or a random
+// source. Exactly one of the operation fields is set, matching Op.
+type Command struct {
+	Op         Op             `json:"op"`
+	Now        int64          `json:"now"`
+	Acquire    *AcquireCmd    `json:"acquire,omitempty"`
+	CancelWait *CancelWaitCmd `json:"cancel_wait,omitempty"`
+	KeepAlive  *KeepAliveCmd  `json:"keepalive,omitempty"`
+	Write      *WriteCmd      `json:"write,omitempty"`
+	Release    *ReleaseCmd    `json:"release,omitempty"`
+	Sweep      *SweepCmd      `json:"sweep,omitempty"`
+	Noop       *NoopCmd       `json:"noop,omitempty"`
+	SetBackend *SetBackendCmd `json:"set_backend,omitempty"`
+}
+
+// AcquireCmd grants a lease on a key, or queues the caller behind the holder.
+type AcquireCmd struct {
+	Namespace   string `json:"ns"`
+	Key         string `json:"key"`
+	Owner       string `json:"owner"`
+	TxnID       string `json:"txn"`
+	LeaseID     string `json:"lease"`
+	RequestID   string `json:"req"`
+	TTL         int64  `json:"ttl"`            // milliseconds, > 0
+	Wait        int64  `json:"wait,omitempty"` // milliseconds; 0 never queues
+	IfNotExists bool   `json:"if_not_exists,omitempty"`
+}
+
+// CancelWaitCmd withdraws a queued acquire whose caller stopped waiting.
+type CancelWaitCmd struct {
+	Namespace string `json:"ns"`
+	Key       string `json:"key"`
+	RequestID string `json:"req"`
+}
+
+// KeepAliveCmd extends a lease.
+type KeepAliveCmd struct {
+	Namespace string `json:"ns"`
+	Key       string `json:"key"`
+	LeaseID   string `json:"lease"`
+	TxnID     string `json:"txn,omitempty"`
+	Token     int64  `json:"token,omitempty"` // 0: not checked
+	TTL       int64  `json:"ttl,omitempty"`   // milliseconds; 0 keeps the lease's TTL
+}
+
+// WriteCmd stages a new document (or a removal) under the lease's transaction.
+type WriteCmd struct {
+	Namespace string `json:"ns"`
+	Key       string `json:"key"`
+	LeaseID   string `json:"lease"`
+	TxnID     string `json:"txn,omitempty"`
+	Token     int64  `json:"token,omitempty"`      // 0: not checked
+	IfVersion *int64 `json:"if_version,omitempty"` // nil: not checked
+	IfETag    string `json:"if_etag,omitempty"`    // "": not checked
+	Delete    bool   `json:"delete,omitempty"`
+	ETag      string `json:"etag,omitempty"` // of Doc, computed by the proposer
+	Doc       []byte `json:"-"`              // compact JSON, carried after the header
+}
+
+// ReleaseCmd ends a lease's transaction: commit, or roll back.
+type ReleaseCmd struct {
+	Namespace string `json:"ns"`
+	Key       string `json:"key"`
+	LeaseID   string `json:"lease"`
+	TxnID     string `json:"txn,omitempty"`
+	Token     int64  `json:"token,omitempty"`
+	Rollback  bool   `json:"rollback,omitempty"`
+}
+
+// SweepCmd expires what is due at Now: leases (rolling back their
+// transactions), queued acquirers past their deadline, and decision records
+// older than TxnRetention. Limit bounds the work done by one entry.
+type SweepCmd struct {
+	Limit        int   `json:"limit"`
+	TxnRetention int64 `json:"txn_retention"` // milliseconds
+}
+
+// NoopCmd changes nothing but the applied index. A new leader proposes one
+// before serving reads, so that everything committed before its term is
+// known to be applied.
+type NoopCmd struct{}
+
+// SetBackendCmd names the island: the first one applied sets the cluster's
+// backend hash for good; later ones change nothing.
+type SetBackendCmd struct {
+	Hash string `json:"hash"`
+}
+
+// Encode frames c as a format byte, its JSON header, a newline and the raw
+// document of a write (JSON never holds a raw newline, so the first one ends
+// the header). The document is not re-escaped, which keeps large states cheap.
+func Encode(c *Command) ([]byte, error) {
+	h, err := json.Marshal(c)
+	if err != nil {
+		return nil, fmt.Errorf("fsm: encode %s: %w", c.Op, err)
+	}
+	var doc []byte
+	if c.Write != nil {
+		doc = c.Write.Doc
+	}
+	out := make([]byte, 0, 2+len(h)+len(doc))
+	out = append(out, formatV1)
+	out = append(out, h...)
+	out = append(out, '\n')
+	return append(out, doc...), nil
+}
+
+// Decode parses an encoded command. It rejects anything Encode would not have
+// produced, with errcode.MalformedCmd, and never panics.
+func Decode(data []byte) (*Command, error) {
+	if len(data) < 2 || data[0] != formatV1 {
+		return nil, errcode.MalformedCmd.With("unknown command format")
+	}
+	i := bytes.IndexByte(data, '\n')
+	if i < 0 {
+		return nil, errcode.MalformedCmd.With("missing header terminator")
+	}
+	var c Command
+	if err := json.Unmarshal(data[1:i], &c); err != nil {
+		return nil, errcode.MalformedCmd.With("%v", err)
+	}
+	payload := data[i+1:]
+	set := 0
+	for _, p := range []bool{c.Acquire != nil, c.CancelWait != nil, c.KeepAlive != nil, c.Write != nil, c.Release != nil, c.Sweep != nil, c.Noop != nil, c.SetBackend != nil} {
+		if p {
+			set++
+		}
+	}
+	if set != 1 {
+		return nil, errcode.MalformedCmd.With("command must carry exactly one operation")
+	}
+	var ok bool
+	switch c.Op {
+	case OpAcquire:
+		ok = c.Acquire != nil
+	case OpCancelWait:
+		ok = c.CancelWait != nil
+	case OpKeepAlive:
+		ok = c.KeepAlive != nil
+	case OpWrite:
+		ok = c.Write != nil
+	case OpRelease:
+		ok = c.Release != nil
+	case OpSweep:
+		ok = c.Sweep != nil
+	case OpNoop:
+		ok = c.Noop != nil
+	case OpSetBackend:
+		ok = c.SetBackend != nil
+	default:
+		return nil, errcode.UnknownCmd.With("%q", c.Op)
+	}
+	if !ok {
+		return nil, errcode.MalformedCmd.With("op %q does not match its body", c.Op)
+	}
+	if c.Write != nil && !c.Write.Delete {
+		c.Write.Doc = bytes.Clone(payload)
+	} else if len(payload) > 0 {
+		return nil, errcode.MalformedCmd.With("unexpected payload")
+	}
+	return &c, nil
+}

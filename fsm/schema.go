@@ -1,0 +1,170 @@
+package fsm
+
+import (
+	"bytes"
+	"encoding/binary"
+)
+
+// Buckets of the state file. Every value is deterministic JSON (struct fields
+// in declaration order) or raw bytes, so two nodes that applied the same log
+// hold byte-identical buckets.
+var (
+	bucketMeta     = []byte("meta")      // applied index, replicated clock, counters
+	bucketKeys     = []byte("keys")      // ns\0key -> KeyRecord
+	bucketDocs     = []byte("docs")      // ns\0key -> committed JSON document
+	bucketWaiters  = []byte("waiters")   // ns\0key\0seq -> Waiter (FIFO per key)
+	bucketWaitReq  = []byte("wait_req")  // request id -> waiters key
+	bucketLeaseExp = []byte("lease_exp") // expires_at|ns\0key -> nil
+	bucketWaitExp  = []byte("wait_exp")  // deadline|waiters key -> nil
+	bucketWaitTxn  = []byte("wait_txn")  // txn id\0waiters key -> nil
+	bucketTxns     = []byte(".txns")     // txn id -> TxnRecord (the reserved .txns namespace)
+	bucketTxnDone  = []byte("txn_done")  // decided_at|txn id -> nil
+)
+
+var allBuckets = [][]byte{bucketMeta, bucketKeys, bucketDocs, bucketWaiters, bucketWaitReq,
+	bucketLeaseExp, bucketWaitExp, bucketWaitTxn, bucketTxns, bucketTxnDone}
+
+var (
+	metaApplied = []byte("applied") // index(8) term(8)
+	metaNow     = []byte("now")     // replicated clock, Unix ms
+	metaSeq     = []byte("seq")     // last waiter sequence number
+	metaBackend = []byte("backend") // the island's backend hash
+)
+
+// Transaction states as recorded in .txns.
+const (
+	TxnPending  = "pending"
+	TxnCommit   = "commit"
+	TxnRollback = "rollback"
+)
+
+// Why a transaction was decided.
+const (
+	ReasonRelease = "release"
+	ReasonExpired = "expired"
+)
+
+// KeyRecord is everything the state machine knows about one key except its
+// document: the fencing counter (which never shrinks, so the record is never
+// deleted), the committed state's metadata, the current lease, and how many
+// acquirers are queued.
+type KeyRecord struct {
+	Fencing   int64  `json:"fencing"`
+	Version   int64  `json:"version"`
+	State     bool   `json:"state,omitempty"`
+	ETag      string `json:"etag,omitempty"`
+	Size      int64  `json:"size,omitempty"`
+	UpdatedAt int64  `json:"updated_at,omitempty"`
+	Lease     *Lease `json:"lease,omitempty"`
+	Waiters   int64  `json:"waiters,omitempty"`
+}
+
+// Lease is a granted lease. Times are replicated Unix milliseconds.
+type Lease struct {
+	ID         string `json:"id"`
+	TxnID      string `json:"txn"`
+	Owner      string `json:"owner"`
+	RequestID  string `json:"req,omitempty"`
+	Token      int64  `json:"token"`
+	TTL        int64  `json:"ttl"`
+	AcquiredAt int64  `json:"acquired_at"`
+	ExpiresAt  int64  `json:"expires_at"`
+}
+
+// Waiter is a queued acquire.
+type Waiter struct {
+	RequestID  string `json:"req"`
+	LeaseID    string `json:"lease"`
+	TxnID      string `json:"txn"`
+	Owner      string `json:"owner"`
+	TTL        int64  `json:"ttl"`
+	Deadline   int64  `json:"deadline"`
+	EnqueuedAt int64  `json:"enqueued_at"`
+}
+
+// Participant is one resource enlisted in a transaction.
+type Participant struct {
+	Namespace string `json:"ns"`
+	Key       string `json:"key"`
+}
+
+// TxnRecord is a transaction's entry in .txns: its participants and, once
+// decided, the final decision. A decision is never changed afterwards.
+type TxnRecord struct {
+	State        string        `json:"state"`
+	Reason       string        `json:"reason,omitempty"`
+	Participants []Participant `json:"participants"`
+	CreatedAt    int64         `json:"created_at"`
+	DecidedAt    int64         `json:"decided_at,omitempty"`
+}
+
+func (t *TxnRecord) has(ns, key string) bool {
+	for _, p := range t.Participants {
+		if p.Namespace == ns && p.Key == key {
+			return true
+		}
+	}
+	return false
+}
+
+// keyOf joins a namespace and key; neither may contain a NUL byte.
+func keyOf(ns, key string) []byte {
+	k := make([]byte, 0, len(ns)+len(key)+1)
+	k = append(k, ns...)
+	k = append(k, 0)
+	return append(k, key...)
+}
+
+func splitKey(k []byte) (ns, key string) {
+	i := bytes.IndexByte(k, 0)
+	if i < 0 {
+		return "", string(k)
+	}
+	return string(k[:i]), string(k[i+1:])
+}
+
+func waiterPrefix(k []byte) []byte {
+	return append(bytes.Clone(k), 0)
+}
+
+func waiterKey(k []byte, seq uint64) []byte {
+	return binary.BigEndian.AppendUint64(waiterPrefix(k), seq)
+}
+
+// waiterOwner recovers ns\0key from a waiters key.
+func waiterOwner(wk []byte) []byte {
+	if len(wk) < 9 {
+		return nil
+	}
+	return wk[:len(wk)-9]
+}
+
+func txnWaiterKey(txn string, wk []byte) []byte {
+	k := make([]byte, 0, len(txn)+1+len(wk))
+	k = append(k, txn...)
+	k = append(k, 0)
+	return append(k, wk...)
+}
+
+// timerKey orders entries by time: when(8, big endian) followed by ref.
+func timerKey(when int64, ref []byte) []byte {
+	k := make([]byte, 8, 8+len(ref))
+	binary.BigEndian.PutUint64(k, uint64(when))
+	return append(k, ref...)
+}
+
+func splitTimer(k []byte) (int64, []byte) {
+	if len(k) < 8 {
+		return 0, nil
+	}
+	return int64(binary.BigEndian.Uint64(k[:8])), k[8:]
+}
+
+func u64(v []byte) uint64 {
+	if len(v) < 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(v)
+}
+
+func putU64(v uint64) []byte { return binary.BigEndian.AppendUint64(nil, v) }

@@ -1,0 +1,108 @@
+package fsm
+
+import (
+	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
+)
+
+// View is a consistent read-only view of the state, valid inside FSM.View.
+type View struct {
+	reader
+}
+
+// Key returns the record of (ns, key) and whether the key was ever used.
+func (v *View) Key(ns, key string) (KeyRecord, bool) {
+	var rec KeyRecord
+	ok := v.getJSON(bucketKeys, keyOf(ns, key), &rec)
+	return rec, ok
+}
+
+// Txn returns the transaction record of id, or nil.
+func (v *View) Txn(id string) *TxnRecord { return v.txn(id) }
+
+// Doc is a document as a reader sees it.
+type Doc struct {
+	Exists  bool
+	Bytes   []byte
+	Version int64
+	ETag    string
+	Token   int64 // the reader's fencing token; 0 for public reads
+}
+
+// PublicDoc returns the committed document of (ns, key).
+func (v *View) PublicDoc(ns, key string) Doc {
+	k := keyOf(ns, key)
+	rec := v.keyRecord(k)
+	d := Doc{Exists: rec.State, Version: rec.Version, ETag: rec.ETag}
+	if rec.State {
+		d.Bytes = bytes.Clone(v.b(bucketDocs).Get(k))
+	}
+	return d
+}
+
+// LeaseDoc returns the document the holder of leaseID sees at time now: its
+// own staged write if it made one, otherwise the committed document.
+func (v *View) LeaseDoc(ns, key, leaseID, txnID string, token, now int64) (Doc, error) {
+	k := keyOf(ns, key)
+	rec := v.keyRecord(k)
+	if err := v.checkLease(ns, key, &rec, leaseID, txnID, token, now); err != nil {
+		return Doc{}, err
+	}
+	version, etag, exists, staged := v.holderView(ns, key, &rec)
+	d := Doc{Exists: exists, Version: version, ETag: etag, Token: rec.Lease.Token}
+	switch {
+	case staged != nil && exists:
+		d.Bytes = staged.Doc
+	case staged == nil && exists:
+		d.Bytes = bytes.Clone(v.b(bucketDocs).Get(k))
+	}
+	return d, nil
+}
+
+// NextDeadline returns the earliest time (Unix ms) at which a sweep has work:
+// a lease expiry, a queued acquirer's deadline, or a decision record older
+// than retention. ok is false when nothing is scheduled.
+func (v *View) NextDeadline(retention int64) (when int64, ok bool) {
+	consider := func(t int64) {
+		if !ok || t < when {
+			when, ok = t, true
+		}
+	}
+	for _, b := range [][]byte{bucketLeaseExp, bucketWaitExp} {
+		if k, _ := v.b(b).Cursor().First(); k != nil {
+			t, _ := splitTimer(k)
+			consider(t)
+		}
+	}
+	if k, _ := v.b(bucketTxnDone).Cursor().First(); k != nil {
+		t, _ := splitTimer(k)
+		consider(t + retention)
+	}
+	return when, ok
+}
+
+// Counts returns the number of leases held and of acquirers queued.
+func (v *View) Counts() (leases, waiters int) {
+	return v.b(bucketLeaseExp).Stats().KeyN, v.b(bucketWaiters).Stats().KeyN
+}
+
+// Hash digests every bucket's keys and values in order. Two nodes that
+// applied the same log return the same hash.
+func (v *View) Hash() []byte {
+	h := sha256.New()
+	c := v.tx.Cursor()
+	for name, _ := c.First(); name != nil; name, _ = c.Next() {
+		field := func(p []byte) {
+			h.Write(binary.BigEndian.AppendUint32(nil, uint32(len(p))))
+			h.Write(p)
+		}
+		field(name)
+		bc := v.tx.Bucket(name).Cursor()
+		for k, val := bc.First(); k != nil; k, val = bc.Next() {
+			field(k)
+			field(val)
+		}
+	}
+	return h.Sum(nil)
+}

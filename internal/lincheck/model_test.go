@@ -1,0 +1,227 @@
+package lincheck
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+const ms = int64(time.Millisecond)
+
+var ttl = int64(3 * time.Second)
+
+// hist builds histories by hand: times are in milliseconds and a lease's
+// expiry window follows from the acquire that granted it.
+type hist struct {
+	ops    []Op
+	leases map[string][2]int64 // name -> acquire call, return
+}
+
+func (h *hist) add(client int, in Input, out Output, call, ret int64) {
+	in.Call, in.Return = call*ms, ret*ms
+	if in.Lease != "" {
+		w := h.leases[in.Lease]
+		in.LeaseMinExp, in.LeaseMaxExp = w[0]+ttl-Slack, w[1]+ttl+Slack
+	}
+	if in.Kind == KindAcquire {
+		in.TTL = ttl
+		if out.Status == StatusOK {
+			if h.leases == nil {
+				h.leases = map[string][2]int64{}
+			}
+			h.leases[out.Lease] = [2]int64{in.Call, in.Return}
+		}
+	}
+	h.ops = append(h.ops, Op{Client: client, Input: in, Output: out})
+}
+
+func (h *hist) acquire(client int, lease string, token, version, call, ret int64) {
+	h.add(client, Input{Kind: KindAcquire, Key: "k"}, Output{Status: StatusOK, Lease: lease, Token: token, Version: version}, call, ret)
+}
+
+func (h *hist) update(client int, lease, value string, out Output, call, ret int64) {
+	h.add(client, Input{Kind: KindUpdate, Key: "k", Lease: lease, Value: value}, out, call, ret)
+}
+
+func (h *hist) get(client int, lease string, out Output, call, ret int64) {
+	kind := KindLeaseGet
+	if lease == "" {
+		kind = KindPublicGet
+	}
+	h.add(client, Input{Kind: kind, Key: "k", Lease: lease}, out, call, ret)
+}
+
+func (h *hist) release(client int, lease string, rollback bool, out Output, call, ret int64) {
+	h.add(client, Input{Kind: KindRelease, Key: "k", Lease: lease, Rollback: rollback}, out, call, ret)
+}
+
+var (
+	ok      = Output{Status: StatusOK}
+	unknown = Output{Status: StatusUnknown, Code: "timeout"}
+	none    = Output{Status: StatusOK, Version: 0}
+)
+
+func docOut(v string, version int64) Output {
+	return Output{Status: StatusOK, Exists: true, Value: v, Version: version}
+}
+
+func fail(code string) Output { return Output{Status: StatusFail, Code: code} }
+
+func verdict(t *testing.T, h *hist) (porcupine.CheckResult, []string) {
+	t.Helper()
+	history, _ := Porcupine(h.ops)
+	res := porcupine.CheckOperationsTimeout(Model(), history, 10*time.Second)
+	return res, append(CheckTokens(h.ops), CheckExclusive(h.ops)...)
+}
+
+// validHistory exercises every rule the model allows: staging, read your
+// writes, commit, takeover of an expired lease, rollback answered from the
+// record, ambiguous writes and releases, token gaps.
+func validHistory() *hist {
+	h := &hist{}
+	h.acquire(0, "L1", 1, 0, 0, 10)
+	h.update(0, "L1", "a", Output{Status: StatusOK, Version: 1}, 20, 30)
+	h.get(1, "", none, 25, 35)
+	h.get(0, "L1", docOut("a", 1), 40, 50)
+	h.release(0, "L1", false, ok, 60, 70)
+	h.get(1, "", docOut("a", 1), 80, 90)
+	h.acquire(1, "L2", 2, 1, 100, 110)
+	h.update(1, "L2", "b", unknown, 120, 2000)
+	h.acquire(2, "L3", 3, 1, 3200, 3300) // L2 expired
+	h.update(1, "L2", "c", fail("lease_expired"), 3400, 3410)
+	h.release(2, "L3", true, ok, 3500, 3510)
+	h.release(1, "L2", true, ok, 3600, 3610) // the expiry's rollback, answered from the record
+	h.get(0, "", docOut("a", 1), 3700, 3710)
+	h.acquire(0, "L4", 5, 1, 3800, 3810) // token 4 went to an acquire nobody saw
+	h.update(0, "L4", "d", Output{Status: StatusOK, Version: 2}, 3820, 3830)
+	h.release(0, "L4", false, unknown, 3900, 3950)
+	h.get(1, "", docOut("d", 2), 4000, 4010) // the ambiguous commit happened
+	h.acquire(2, "L5", 6, 2, 4020, 4030)
+	h.update(2, "L5", "e", unknown, 4040, 4050)
+	h.get(2, "L5", docOut("d", 2), 4060, 4070) // the ambiguous write has not (yet) happened
+	h.release(2, "L5", true, ok, 4080, 4090)
+	h.get(1, "", docOut("d", 2), 4100, 4110)
+	return h
+}
+
+func TestModelAcceptsValidHistory(t *testing.T) {
+	res, violations := verdict(t, validHistory())
+	if res != porcupine.Ok || len(violations) > 0 {
+		t.Fatalf("valid history rejected: %s %v", res, violations)
+	}
+}
+
+func TestModelRejectsBrokenHistories(t *testing.T) {
+	cases := map[string]struct {
+		build     func(h *hist)
+		violation string // expected from the checks outside porcupine, if any
+	}{
+		"stale write accepted after takeover": {func(h *hist) {
+			h.acquire(0, "L1", 1, 0, 0, 500)
+			h.acquire(1, "L2", 2, 0, 2960, 3000) // L1 may have expired by then
+			h.update(0, "L1", "x", Output{Status: StatusOK, Version: 1}, 3010, 3020)
+		}, "succeeded"},
+		"public read of a value never committed": {func(h *hist) {
+			h.acquire(0, "L1", 1, 0, 0, 10)
+			h.update(0, "L1", "x", Output{Status: StatusOK, Version: 1}, 20, 30)
+			h.release(0, "L1", true, ok, 40, 50)
+			h.get(1, "", docOut("x", 1), 60, 70)
+		}, ""},
+		"staged value visible to a public read": {func(h *hist) {
+			h.acquire(0, "L1", 1, 0, 0, 10)
+			h.update(0, "L1", "x", Output{Status: StatusOK, Version: 1}, 20, 30)
+			h.get(1, "", docOut("x", 1), 40, 50)
+		}, ""},
+		"acknowledged commit lost": {func(h *hist) {
+			h.acquire(0, "L1", 1, 0, 0, 10)
+			h.update(0, "L1", "x", Output{Status: StatusOK, Version: 1}, 20, 30)
+			h.release(0, "L1", false, ok, 40, 50)
+			h.get(1, "", none, 60, 70)
+		}, ""},
+		"key granted while its lease was live": {func(h *hist) {
+			h.acquire(0, "L1", 1, 0, 0, 10)
+			h.acquire(1, "L2", 2, 0, 100, 110)
+		}, "while L1"},
+		"fencing token went backwards": {func(h *hist) {
+			h.acquire(0, "L1", 5, 0, 0, 10)
+			h.release(0, "L1", false, ok, 20, 30)
+			h.acquire(1, "L2", 3, 0, 100, 110)
+		}, "token order"},
+		"fresh lease reported expired": {func(h *hist) {
+			h.acquire(0, "L1", 1, 0, 0, 10)
+			h.update(0, "L1", "x", fail("lease_expired"), 20, 30)
+		}, ""},
+		"expired lease still writes": {func(h *hist) {
+			h.acquire(0, "L1", 1, 0, 0, 10)
+			h.update(0, "L1", "x", Output{Status: StatusOK, Version: 1}, 3200, 3210)
+		}, ""},
+		"holder reads someone else's write": {func(h *hist) {
+			h.acquire(0, "L1", 1, 0, 0, 10)
+			h.update(0, "L1", "x", Output{Status: StatusOK, Version: 1}, 20, 30)
+			h.get(0, "L1", docOut("y", 1), 40, 50)
+		}, ""},
+		"fencing mismatch for the holder's own token": {func(h *hist) {
+			h.acquire(0, "L1", 1, 0, 0, 10)
+			h.update(0, "L1", "x", fail("fencing_mismatch"), 20, 30)
+		}, ""},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			h := &hist{}
+			c.build(h)
+			res, violations := verdict(t, h)
+			if res != porcupine.Illegal {
+				t.Errorf("porcupine accepted the history (%s)", res)
+			}
+			if c.violation != "" && !strings.Contains(strings.Join(violations, "\n"), c.violation) {
+				t.Errorf("checks found %q, want a finding containing %q", violations, c.violation)
+			}
+			if c.violation == "" && len(violations) > 0 && name != "key granted while its lease was live" {
+				t.Logf("also found: %v", violations)
+			}
+		})
+	}
+}
+
+// A failing check writes the porcupine visualization and the history.
+func TestCheckWritesVisualization(t *testing.T) {
+	h := validHistory()
+	h.get(1, "", docOut("never", 9), 5000, 5010)
+	dir := t.TempDir()
+	res := Check(h.ops, []Event{{At: 100 * ms, Desc: "isolate leader n1"}}, CheckOptions{Timeout: 10 * time.Second, OutDir: dir, Name: "broken"})
+	if res.OK() || res.Porcupine != porcupine.Illegal {
+		t.Fatalf("broken history passed: %+v", res)
+	}
+	for _, f := range []string{res.Visualization, res.HistoryFile} {
+		if st, err := os.Stat(f); err != nil || st.Size() == 0 {
+			t.Fatalf("missing output %q: %v", f, err)
+		}
+	}
+	if res := Check(validHistory().ops, nil, CheckOptions{Timeout: 10 * time.Second, OutDir: dir, Name: "valid"}); !res.OK() || res.Visualization != "" {
+		t.Fatalf("valid history: %+v", res)
+	}
+}
+
+func TestCombineAttempts(t *testing.T) {
+	amb := attempt{status: StatusUnknown, code: "timeout"}
+	unreached := attempt{status: StatusFail, code: "no_leader"}
+	rejected := attempt{status: StatusFail, code: "lease_expired", decided: true}
+	okay := attempt{status: StatusOK, decided: true}
+	for _, c := range []struct {
+		as   []attempt
+		want Status
+	}{
+		{[]attempt{amb, okay}, StatusOK},
+		{[]attempt{amb, rejected}, StatusFail},
+		{[]attempt{amb, unreached}, StatusUnknown},
+		{[]attempt{unreached}, StatusFail},
+		{[]attempt{amb, amb, amb}, StatusUnknown},
+	} {
+		if got := combine(c.as); got.status != c.want {
+			t.Errorf("combine(%v) = %s, want %s", c.as, got.status, c.want)
+		}
+	}
+}

@@ -1,0 +1,326 @@
+package lincheck
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/raftlockd/raftlockd/client"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// Workload runs concurrent clients, each talking to one node, that acquire,
+// write, read and release a few keys at random and record every operation.
+type Workload struct {
+	Endpoints []string // API base URL of each node
+	Names     []string // node names, for the history's metadata (optional)
+	Clients   int
+	Keys      []string
+	TTL       time.Duration // lease TTL, whole seconds
+	Block     time.Duration // how long an acquire waits for a held key, whole seconds
+	Seed      int64
+	Recorder  *Recorder
+	// Think is the longest pause between two operations of a client.
+	Think time.Duration
+	// Expire is the chance that a lease holder sleeps past its TTL before
+	// its next operation, which must then fail.
+	Expire float64
+	// Timeout bounds one HTTP exchange (an acquire gets Block on top).
+	Timeout time.Duration
+}
+
+// Start launches the clients. They stop starting operations once stop is
+// closed; wait returns when all are done (an operation in flight, retries
+// included, finishes first).
+func (w *Workload) Start(stop <-chan struct{}) (wait func()) {
+	if w.Timeout == 0 {
+		w.Timeout = 3 * time.Second
+	}
+	if w.Think == 0 {
+		w.Think = 15 * time.Millisecond
+	}
+	tr := &http.Transport{MaxIdleConnsPerHost: 8, IdleConnTimeout: 5 * time.Second,
+		DialContext: (&net.Dialer{Timeout: time.Second}).DialContext}
+	hc := &http.Client{Transport: tr}
+	seeds := rand.New(rand.NewSource(w.Seed))
+	var wg sync.WaitGroup
+	for i := 0; i < w.Clients; i++ {
+		r := rand.New(rand.NewSource(seeds.Int63()))
+		node := r.Intn(len(w.Endpoints))
+		c, err := client.New(w.Endpoints[node], client.WithRetry(0), client.WithHTTPClient(hc))
+		if err != nil {
+			panic(err) // endpoints are URLs the cluster gave us
+		}
+		k := &worker{w: w, id: i, r: r, c: c, stop: stop, node: fmt.Sprint(node)}
+		if node < len(w.Names) {
+			k.node = w.Names[node]
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			k.run()
+		}()
+	}
+	return func() {
+		wg.Wait()
+		tr.CloseIdleConnections()
+	}
+}
+
+type worker struct {
+	w    *Workload
+	id   int
+	r    *rand.Rand
+	c    *client.Client
+	stop <-chan struct{}
+	node string
+	seq  int
+
+	lease          *client.Lease
+	name           string
+	minExp, maxExp int64
+}
+
+func (k *worker) stopped() bool {
+	select {
+	case <-k.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// sleep pauses for d or until the workload stops.
+func (k *worker) sleep(d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-k.stop:
+	}
+}
+
+func (k *worker) key() string { return k.w.Keys[k.r.Intn(len(k.w.Keys))] }
+
+func (k *worker) run() {
+	for !k.stopped() {
+		k.sleep(time.Duration(1 + k.r.Int63n(int64(k.w.Think))))
+		if k.stopped() {
+			return
+		}
+		if k.lease == nil {
+			if k.r.Float64() < 0.25 {
+				k.publicGet(k.key())
+			} else {
+				k.acquire(k.key())
+			}
+			continue
+		}
+		if k.r.Float64() < k.w.Expire {
+			// Sleep until the lease has surely expired.
+			k.sleep(time.Duration(k.maxExp-k.w.Recorder.Now()) + time.Duration(k.r.Int63n(int64(200*time.Millisecond))))
+			if k.stopped() {
+				return
+			}
+		}
+		switch p := k.r.Float64(); {
+		case p < 0.35:
+			k.update()
+		case p < 0.55:
+			k.leaseGet()
+		case p < 0.65:
+			k.publicGet(k.key())
+		case p < 0.85:
+			k.release(false)
+		default:
+			k.release(true)
+		}
+	}
+}
+
+func (k *worker) record(in Input, a attempt, out Output, attempts int) {
+	out.Status, out.Code = a.status, a.code
+	op := Op{Client: k.id, Input: in, Output: out, Node: k.node, Attempts: attempts}
+	if a.err != nil {
+		op.Err = a.err.Error()
+	}
+	k.w.Recorder.Add(op)
+	if a.status == StatusFail && a.code == "dial" {
+		k.sleep(time.Duration(50+k.r.Intn(100)) * time.Millisecond) // the node is down
+	}
+}
+
+func (k *worker) ctx(extra time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), k.w.Timeout+extra)
+}
+
+// leaseInput fills in the lease an operation speaks for.
+func (k *worker) leaseInput(kind Kind) Input {
+	return Input{Kind: kind, Key: k.lease.Key, Lease: k.name, LeaseMinExp: k.minExp, LeaseMaxExp: k.maxExp}
+}
+
+// retry runs one attempt of fn, and again (up to three times in all) while
+// the outcome is ambiguous: acquires (same idempotency key) and releases
+// (answered from the recorded decision) are safe to repeat.
+func (k *worker) retry(kind Kind, fn func() error) ([]attempt, attempt) {
+	var as []attempt
+	for {
+		as = append(as, classify(kind, fn()))
+		if as[len(as)-1].status != StatusUnknown || len(as) >= 3 {
+			return as, combine(as)
+		}
+		time.Sleep(time.Duration(50+k.r.Intn(200)) * time.Millisecond)
+	}
+}
+
+func (k *worker) acquire(key string) {
+	k.seq++
+	idem := fmt.Sprintf("lin-%d-c%d-%d", k.w.Seed, k.id, k.seq)
+	rec := k.w.Recorder
+	in := Input{Kind: KindAcquire, Key: key, TTL: int64(k.w.TTL), Call: rec.Now()}
+	var l *client.Lease
+	block := int64(k.w.Block / time.Second)
+	if k.r.Float64() < 0.4 {
+		block = -1 // do not wait: answered at once
+	}
+	as, a := k.retry(KindAcquire, func() error {
+		ctx, cancel := k.ctx(k.w.Block)
+		defer cancel()
+		var err error
+		l, err = k.c.AcquireWithKey(ctx, wire.AcquireRequest{Key: key, Owner: fmt.Sprintf("c%d", k.id),
+			TTLSeconds: int64(k.w.TTL / time.Second), BlockSecs: block}, idem)
+		return err
+	})
+	in.Return = rec.Now()
+	var out Output
+	if a.status == StatusOK {
+		out.Lease, out.Token, out.Version = rec.LeaseName(l.LeaseID), l.FencingToken, l.Version
+		k.lease, k.name = l, out.Lease
+		k.minExp, k.maxExp = in.Call+in.TTL-Slack, in.Return+in.TTL+Slack
+	}
+	k.record(in, a, out, len(as))
+}
+
+// afterLeaseOp forgets a lease the server no longer honours.
+func (k *worker) afterLeaseOp(a attempt) {
+	if a.status == StatusFail && leaseGone(a.code) {
+		k.lease = nil
+	}
+}
+
+func (k *worker) update() {
+	k.seq++
+	in := k.leaseInput(KindUpdate)
+	in.Value = fmt.Sprintf(`{"v":"c%d-%d"}`, k.id, k.seq)
+	ctx, cancel := k.ctx(0)
+	defer cancel()
+	in.Call = k.w.Recorder.Now()
+	res, err := k.c.Update(ctx, k.lease.Ref(), []byte(in.Value), client.Conditions{})
+	in.Return = k.w.Recorder.Now()
+	a := classify(KindUpdate, err)
+	var out Output
+	if a.status == StatusOK {
+		out.Version = res.NewVersion
+	}
+	k.record(in, a, out, 1)
+	k.afterLeaseOp(a)
+}
+
+func docOutput(d *client.Document) Output {
+	out := Output{Exists: d.Exists, Version: d.Version}
+	if d.Exists {
+		out.Value = string(d.Body)
+	}
+	return out
+}
+
+func (k *worker) leaseGet() {
+	in := k.leaseInput(KindLeaseGet)
+	ctx, cancel := k.ctx(0)
+	defer cancel()
+	in.Call = k.w.Recorder.Now()
+	d, err := k.c.Get(ctx, k.lease.Ref())
+	in.Return = k.w.Recorder.Now()
+	a := classify(KindLeaseGet, err)
+	var out Output
+	if a.status == StatusOK {
+		out = docOutput(d)
+	}
+	k.record(in, a, out, 1)
+	k.afterLeaseOp(a)
+}
+
+func (k *worker) publicGet(key string) {
+	in := Input{Kind: KindPublicGet, Key: key}
+	ctx, cancel := k.ctx(0)
+	defer cancel()
+	in.Call = k.w.Recorder.Now()
+	d, err := k.c.GetPublic(ctx, "", key)
+	in.Return = k.w.Recorder.Now()
+	a := classify(KindPublicGet, err)
+	var out Output
+	if a.status == StatusOK {
+		out = docOutput(d)
+	}
+	k.record(in, a, out, 1)
+}
+
+func (k *worker) release(rollback bool) {
+	in := k.leaseInput(KindRelease)
+	in.Rollback = rollback
+	in.Call = k.w.Recorder.Now()
+	ref := k.lease.Ref()
+	as, a := k.retry(KindRelease, func() error {
+		ctx, cancel := k.ctx(0)
+		defer cancel()
+		_, err := k.c.Release(ctx, ref, rollback)
+		return err
+	})
+	in.Return = k.w.Recorder.Now()
+	k.record(in, a, Output{}, len(as))
+	k.lease = nil // whatever happened, this client is done with it
+}
+
+// FinalReads reads every key's committed document once the cluster has
+// healed, through any node that answers, and records the reads as client
+// id's operations. They anchor the end of the history: every acknowledged
+// commit must be visible.
+func FinalReads(rec *Recorder, endpoints, names []string, keys []string, id int, within time.Duration) error {
+	tr := &http.Transport{DialContext: (&net.Dialer{Timeout: time.Second}).DialContext}
+	defer tr.CloseIdleConnections()
+	deadline := time.Now().Add(within)
+	for _, key := range keys {
+		for n := 0; ; n++ {
+			if time.Now().After(deadline) {
+				return fmt.Errorf("no node answered a public read of %s within %s", key, within)
+			}
+			i := n % len(endpoints)
+			c, err := client.New(endpoints[i], client.WithRetry(0), client.WithHTTPClient(&http.Client{Transport: tr}))
+			if err != nil {
+				return err
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			in := Input{Kind: KindPublicGet, Key: key, Call: rec.Now()}
+			d, err := c.GetPublic(ctx, "", key)
+			in.Return = rec.Now()
+			cancel()
+			if err != nil {
+				time.Sleep(50 * time.Millisecond)
+				continue
+			}
+			out := docOutput(d)
+			out.Status = StatusOK
+			op := Op{Client: id, Input: in, Output: out, Attempts: 1}
+			if i < len(names) {
+				op.Node = names[i]
+			}
+			rec.Add(op)
+			break
+		}
+	}
+	return nil
+}

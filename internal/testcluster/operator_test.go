@@ -1,0 +1,336 @@
+package testcluster
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net/http"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/internal/testutil"
+	"github.com/raftlockd/raftlockd/server"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// waitDone waits until srv has shut itself down.
+func waitDone(t *testing.T, srv *server.Server, what string) {
+	t.Helper()
+	select {
+	case <-srv.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatalf("%s: server still running 20s after leaving", what)
+	}
+}
+
+// servers is the Raft configuration as node i sees it.
+func (c *Cluster) servers(i int) []raft.Server {
+	c.t.Helper()
+	s, err := c.Nodes[i].Server.Node().Servers()
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return s
+}
+
+func voters(servers []raft.Server) []string {
+	var ids []string
+	for _, s := range servers {
+		if s.Suffrage == raft.Voter {
+			ids = append(ids, string(s.ID))
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+// Members lists every server with the Raft status that server reports; a
+// server that cannot be reached shows an error instead of failing the call.
+func TestMembersShowEveryNodesOwnStatus(t *testing.T) {
+	c := Start(t, 3)
+	ctx := context.Background()
+	l := c.WaitLeader(10 * time.Second)
+	f := others(c, l)[0]
+
+	m, err := c.Client(f).ClusterMembers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.LeaderID != c.Nodes[l].Name || m.LeaderEndpoint != c.URL(l) || len(m.Members) != 3 {
+		t.Fatalf("members: %+v", m)
+	}
+	for i, mem := range m.Members {
+		n := c.Nodes[i]
+		if mem.ID != n.Name || mem.Suffrage != "voter" || mem.GossipStatus != "alive" || mem.APIEndpoint != c.URL(i) ||
+			mem.RaftAddr != n.Server.Node().RaftAddr() || mem.Raft == nil || mem.Error != "" {
+			t.Fatalf("member %d: %+v", i, mem)
+		}
+		wantState := "Follower"
+		if i == l {
+			wantState = "Leader"
+		}
+		if mem.Leader != (i == l) || mem.Raft.State != wantState || mem.Raft.Term == 0 || mem.Raft.AppliedIndex == 0 ||
+			mem.Raft.CommitIndex == 0 {
+			t.Fatalf("member %s reports %+v (leader %v)", mem.ID, mem.Raft, mem.Leader)
+		}
+	}
+
+	st, err := c.Client(f).ClusterStatus(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.NodeID != c.Nodes[f].Name || st.State != "Follower" || st.LeaderID != c.Nodes[l].Name ||
+		st.LeaderEndpoint != c.URL(l) || st.Term == 0 {
+		t.Fatalf("status of %s: %+v", c.Nodes[f].Name, st)
+	}
+	resp, err := http.Get(c.URL(f) + "/v1/cluster/status")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.Header.Get(wire.HeaderServedBy) != c.Nodes[f].Name || resp.Header.Get(wire.HeaderLeader) != c.Nodes[l].Name {
+		t.Fatalf("headers of a follower's answer: %v", resp.Header)
+	}
+
+	down := others(c, l, f)[0]
+	c.Stop(down)
+	m, err = c.Client(f).ClusterMembers(ctx)
+	if err != nil {
+		t.Fatalf("members with %s down: %v", c.Nodes[down].Name, err)
+	}
+	for i, mem := range m.Members {
+		if reachable := i != down; (mem.Raft != nil) != reachable || (mem.Error == "") != reachable {
+			t.Fatalf("with %s down, member %s: raft %+v, error %q", c.Nodes[down].Name, mem.ID, mem.Raft, mem.Error)
+		}
+	}
+}
+
+// remove-peer takes a dead server out of the configuration without waiting
+// for the dead-server timeout; an unknown id is not_found.
+func TestRemovePeer(t *testing.T) {
+	c := Start(t, 3)
+	ctx := context.Background()
+	l := c.WaitLeader(10 * time.Second)
+	victim, via := others(c, l)[0], others(c, l)[1]
+	c.Stop(victim)
+
+	out, err := c.Client(via).RemovePeer(ctx, c.Nodes[victim].Name)
+	if err != nil || !out.Removed {
+		t.Fatalf("remove-peer %s: %+v %v", c.Nodes[victim].Name, out, err)
+	}
+	testutil.WaitFor(t, 5*time.Second, "the removal to reach every node", func() bool {
+		for _, i := range c.Running() {
+			if len(c.servers(i)) != 2 {
+				return false
+			}
+		}
+		return true
+	})
+	if got := voters(c.servers(l)); slices.Contains(got, c.Nodes[victim].Name) {
+		t.Fatalf("voters after remove-peer: %v", got)
+	}
+	m, err := c.Client(via).ClusterMembers(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mem := range m.Members {
+		if mem.ID == c.Nodes[victim].Name && mem.Suffrage != "none" {
+			t.Fatalf("removed server listed as %+v", mem)
+		}
+	}
+	if _, err := c.Client(via).RemovePeer(ctx, "no-such-node"); !errors.Is(err, errcode.NotFound) {
+		t.Fatalf("remove-peer of an unknown id: %v", err)
+	}
+	// Two voters still make a quorum.
+	commit(t, acquire(t, c.Client(via), "after-remove", 30), `{"ok":true}`)
+}
+
+// A leaving node hands over leadership, leaves the voter set and shuts
+// down; the cluster shrinks to its last voter, which refuses to leave.
+func TestLeaveShrinksTheVoterSet(t *testing.T) {
+	c := Start(t, 3)
+	ctx := context.Background()
+	l := c.WaitLeader(10 * time.Second)
+	names := []string{c.Nodes[0].Name, c.Nodes[1].Name, c.Nodes[2].Name}
+
+	leaving := c.Nodes[l].Server
+	out, err := c.Client(l).ClusterLeave(ctx)
+	if err != nil || !out.Left || out.NodeID != names[l] {
+		t.Fatalf("leave of the leader: %+v %v", out, err)
+	}
+	waitDone(t, leaving, names[l])
+	c.Stop(l)
+	next := c.WaitLeader(10 * time.Second)
+	rest := others(c)
+	testutil.WaitFor(t, 10*time.Second, "the departed server to be gone from gossip and the configuration", func() bool {
+		for _, m := range c.Nodes[next].Server.Node().Members() {
+			if m.ID == names[l] && m.Status != "dead" {
+				return false
+			}
+		}
+		return len(c.servers(next)) == 2
+	})
+	if got, want := voters(c.servers(next)), []string{names[rest[0]], names[rest[1]]}; !slices.Equal(got, want) {
+		t.Fatalf("voters after the leader left: %v, want %v", got, want)
+	}
+	for _, i := range rest {
+		commit(t, acquire(t, c.RetryingClient(i), "after-leave-"+names[i], 30), `{"ok":true}`)
+	}
+
+	// A follower leaves too: one voter remains, and it cannot leave.
+	f := others(c, next)[0]
+	leaving = c.Nodes[f].Server
+	if _, err := c.Client(f).ClusterLeave(ctx); err != nil {
+		t.Fatal(err)
+	}
+	waitDone(t, leaving, names[f])
+	c.Stop(f)
+	if got := voters(c.servers(next)); !slices.Equal(got, []string{names[next]}) {
+		t.Fatalf("voters: %v", got)
+	}
+	c.WaitLeader(10 * time.Second)
+	if _, err := c.Client(next).ClusterLeave(ctx); !errors.Is(err, errcode.LastVoter) {
+		t.Fatalf("the last voter's leave: %v, want last_voter", err)
+	}
+	commit(t, acquire(t, c.RetryingClient(next), "alone", 30), `{"alone":true}`)
+}
+
+// A follower cut off from the leader answers stale reads from its own
+// state, and catches up once the partition heals.
+func TestStaleReadOnAFollower(t *testing.T) {
+	c := Start(t, 3)
+	ctx := context.Background()
+	l := c.WaitLeader(10 * time.Second)
+	f := others(c, l)[0]
+	commit(t, acquire(t, c.Client(l), "k", 30), `{"v":1}`)
+	testutil.WaitFor(t, 5*time.Second, "the follower to apply the write", func() bool {
+		d, err := c.Client(f).GetPublicStale(ctx, "", "k")
+		return err == nil && string(d.Body) == `{"v":1}`
+	})
+
+	c.Partition([]int{f}, others(c, f))
+	commit(t, acquire(t, c.RetryingClient(l), "k", 30), `{"v":2}`)
+	d, err := c.Client(f).GetPublicStale(ctx, "", "k")
+	if err != nil || string(d.Body) != `{"v":1}` || d.Version != 1 {
+		t.Fatalf("stale read on the cut-off follower: %+v %v", d, err)
+	}
+	desc, err := c.Client(f).DescribeStale(ctx, "", "k")
+	if err != nil || desc.Version != 1 {
+		t.Fatalf("stale describe on the cut-off follower: %+v %v", desc, err)
+	}
+	// A linearizable read there cannot be answered.
+	lctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if d, err := c.Client(f).GetPublic(lctx, "", "k"); err == nil {
+		t.Fatalf("linearizable read on the cut-off follower answered %s", d.Body)
+	}
+
+	c.Heal()
+	testutil.WaitFor(t, 10*time.Second, "the follower to catch up", func() bool {
+		d, err := c.Client(f).GetPublicStale(ctx, "", "k")
+		return err == nil && string(d.Body) == `{"v":2}`
+	})
+}
+
+// lockd's TC endpoints: every node names the same leader, lists the live
+// members' endpoints, confirms a member's announce and makes a member
+// leave on request.
+func TestTCLeaderListAnnounceLeave(t *testing.T) {
+	c := Start(t, 3)
+	ctx := context.Background()
+	l := c.WaitLeader(10 * time.Second)
+	urls := []string{c.URL(0), c.URL(1), c.URL(2)}
+	slices.Sort(urls)
+	for i := range c.Nodes {
+		lead, err := c.Client(i).TCLeader(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if lead.LeaderID != c.Nodes[l].Name || lead.LeaderEndpoint != c.URL(l) || lead.Term == 0 ||
+			lead.ExpiresAt < time.Now().Unix() || lead.ExpiresAt > time.Now().Add(5*time.Second).Unix() {
+			t.Fatalf("tc leader from %s: %+v", c.Nodes[i].Name, lead)
+		}
+		list, err := c.Client(i).TCList(ctx)
+		if err != nil || !slices.Equal(list.Endpoints, urls) || list.UpdatedAt == 0 {
+			t.Fatalf("tc list from %s: %+v %v, want %v", c.Nodes[i].Name, list, err, urls)
+		}
+	}
+	f, g := others(c, l)[0], others(c, l)[1]
+	ann, err := c.Client(l).TCAnnounce(ctx, c.URL(f))
+	if err != nil || !slices.Equal(ann.Endpoints, urls) {
+		t.Fatalf("announce: %+v %v", ann, err)
+	}
+	if ttl := time.Until(time.Unix(ann.ExpiresAt, 0)); ttl < 25*time.Second || ttl > 32*time.Second {
+		t.Fatalf("membership expires in %s, want the dead-server timeout (30s)", ttl)
+	}
+	if _, err := c.Client(l).TCAnnounce(ctx, "http://127.0.0.1:1"); !errors.Is(err, errcode.NotFound) {
+		t.Fatalf("announce of a stranger: %v", err)
+	}
+	if _, err := c.Client(l).TCAnnounce(ctx, "not a url"); !errors.Is(err, errcode.InvalidEndpoint) {
+		t.Fatalf("announce of a malformed endpoint: %v", err)
+	}
+
+	// Node f is asked (through g) to leave: it does, and shuts down.
+	leaving := c.Nodes[f].Server
+	left, err := c.Client(g).TCLeave(ctx, c.URL(f))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.Contains(left.Endpoints, c.URL(f)) {
+		t.Fatalf("endpoints after %s left: %v", c.Nodes[f].Name, left.Endpoints)
+	}
+	waitDone(t, leaving, c.Nodes[f].Name)
+	c.Stop(f)
+	want := []string{c.URL(l), c.URL(g)}
+	slices.Sort(want)
+	testutil.WaitFor(t, 10*time.Second, "the list to lose the departed node", func() bool {
+		list, err := c.Client(l).TCList(ctx)
+		return err == nil && slices.Equal(list.Endpoints, want)
+	})
+	if got := voters(c.servers(l)); len(got) != 2 || slices.Contains(got, c.Nodes[f].Name) {
+		t.Fatalf("voters after tc leave: %v", got)
+	}
+}
+
+// A restore sent to a follower is redirected to the leader, and every node
+// ends with the backup's state; fencing tokens keep growing.
+func TestRestoreReachesEveryNode(t *testing.T) {
+	c := Start(t, 3)
+	ctx := context.Background()
+	l := c.WaitLeader(10 * time.Second)
+	f := others(c, l)[0]
+	commit(t, acquire(t, c.Client(l), "a", 30), `{"a":"backup"}`)
+
+	var backup bytes.Buffer
+	if _, err := c.Client(f).SaveSnapshot(ctx, &backup, nil); err != nil {
+		t.Fatal(err)
+	}
+	commit(t, acquire(t, c.Client(l), "a", 30), `{"a":"later"}`)
+	last := acquire(t, c.Client(l), "b", 30)
+	commit(t, last, `{"b":"later"}`)
+
+	res, err := c.Client(f).RestoreSnapshot(ctx, bytes.NewReader(backup.Bytes()), int64(backup.Len()), nil)
+	if err != nil || !res.Restored {
+		t.Fatalf("restore through a follower: %+v %v", res, err)
+	}
+	c.WaitConverged(10 * time.Second)
+	for _, i := range c.Running() {
+		if d, err := c.Client(i).GetPublicStale(ctx, "", "a"); err != nil || string(d.Body) != `{"a":"backup"}` {
+			t.Fatalf("a on %s: %+v %v", c.Nodes[i].Name, d, err)
+		}
+		if d, err := c.Client(i).GetPublicStale(ctx, "", "b"); err != nil || d.Exists {
+			t.Fatalf("b on %s: %+v %v", c.Nodes[i].Name, d, err)
+		}
+	}
+	if next := acquire(t, c.Client(f), "b", 30); next.FencingToken <= last.FencingToken {
+		t.Fatalf("b's token after restore %d, before %d", next.FencingToken, last.FencingToken)
+	}
+	// Followers restarted after the restore come back with the same state.
+	c.Stop(f)
+	c.Start(f)
+	c.WaitConverged(20 * time.Second)
+}

@@ -1,0 +1,385 @@
+// Package rm is the resource manager for keys: it turns lease and state
+// requests (acquire, keepalive, update, remove, get, describe) into
+// validated state machine commands and linearizable reads, and it parks a
+// blocked acquirer until the replicated step that frees the key grants it the
+// lease. It knows nothing about HTTP; package api decodes requests into the
+// parameter structs defined here.
+package rm
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	"github.com/rs/xid"
+
+	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/fsm"
+)
+
+// Store is the replicated state as the resource manager uses it. Read
+// reflects every write acknowledged before it began; ReadStale reads the
+// local copy as it is.
+type Store interface {
+	Propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, error)
+	Read(ctx context.Context, fn func(v *fsm.View) error) error
+	ReadStale(ctx context.Context, fn func(v *fsm.View) error) error
+}
+
+// Consistency says how fresh a read must be.
+type Consistency int
+
+const (
+	// Linearizable reads reflect every write acknowledged before the read
+	// began (the default).
+	Linearizable Consistency = iota
+	// Stale reads return the serving node's state as it is, without asking
+	// the leader: fast and available in a partition, possibly behind.
+	Stale
+)
+
+func (k *Keys) read(ctx context.Context, c Consistency, fn func(v *fsm.View) error) error {
+	if c == Stale {
+		return k.store.ReadStale(ctx, fn)
+	}
+	return k.store.Read(ctx, fn)
+}
+
+// Clock tells the local time, used to judge lease expiry on reads.
+type Clock interface{ Now() time.Time }
+
+// Limits are the server's lease and state policies.
+type Limits struct {
+	DefaultTTL    time.Duration
+	MaxTTL        time.Duration
+	MaxBlock      time.Duration // longest an acquire waits; 0 never waits
+	MaxStateBytes int64
+}
+
+// Keys serves lease and state operations on keys.
+type Keys struct {
+	store  Store
+	waits  *Waits
+	clock  Clock
+	limits Limits
+}
+
+// NewKeys wires a key service. waits must be an observer of the state
+// machine that store replicates.
+func NewKeys(store Store, waits *Waits, clock Clock, limits Limits) *Keys {
+	return &Keys{store: store, waits: waits, clock: clock, limits: limits}
+}
+
+// AcquireParams is an acquire request.
+type AcquireParams struct {
+	Namespace   string
+	Key         string // empty: the server picks a unique key
+	Owner       string
+	TxnID       string // empty: a new transaction
+	RequestID   string // identifies retries of the same request; empty: none
+	TTLSeconds  int64  // 0: default
+	BlockSecs   int64  // -1: never wait, 0: wait up to the server maximum, >0: wait that long (capped)
+	IfNotExists bool
+}
+
+// Acquire grants a lease, waiting in FIFO order behind the current holder
+// when allowed to. A retry carrying the RequestID of an earlier attempt gets
+// that attempt's lease (or its place in the queue).
+func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, error) {
+	ns, err := Namespace(p.Namespace)
+	if err != nil {
+		return nil, err
+	}
+	own, err := owner(p.Owner)
+	if err != nil {
+		return nil, err
+	}
+	if err := idempotencyKey(p.RequestID); err != nil {
+		return nil, err
+	}
+	key := p.Key
+	if key == "" {
+		// A retry of a key-less acquire must name the key its first
+		// attempt was given.
+		key = xid.New().String()
+		if p.RequestID != "" {
+			key = "k-" + digest(own, p.RequestID)[:20]
+		}
+	}
+	if key, err = Key(key); err != nil {
+		return nil, err
+	}
+	ttl, err := k.ttl(p.TTLSeconds)
+	if err != nil {
+		return nil, err
+	}
+	txn := p.TxnID
+	if txn == "" {
+		txn = xid.New().String()
+	} else if txn, err = TxnID(txn); err != nil {
+		return nil, err
+	}
+	// The request id identifies retries of one acquire: the caller's
+	// idempotency key, scoped to what it acquires and for whom, so that the
+	// same key used elsewhere names a different request.
+	req := xid.New().String()
+	if p.RequestID != "" {
+		req = "idem-" + digest(ns, key, own, p.RequestID)[:32]
+	}
+	var wait time.Duration
+	switch {
+	case p.BlockSecs < -1:
+		return nil, errcode.InvalidBlock.With("block_seconds must be -1, 0 or positive")
+	case p.BlockSecs == 0:
+		wait = k.limits.MaxBlock
+	case p.BlockSecs > 0 && p.BlockSecs < int64(k.limits.MaxBlock/time.Second):
+		wait = time.Duration(p.BlockSecs) * time.Second
+	case p.BlockSecs > 0:
+		wait = k.limits.MaxBlock
+	}
+	cmd := &fsm.AcquireCmd{Namespace: ns, Key: key, Owner: own, TxnID: txn, LeaseID: xid.New().String(),
+		RequestID: req, TTL: ttl.Milliseconds(), Wait: wait.Milliseconds(), IfNotExists: p.IfNotExists}
+	events, unregister := k.waits.register(req)
+	defer unregister()
+	res, err := k.store.Propose(ctx, &fsm.Command{Op: fsm.OpAcquire, Acquire: cmd})
+	if err != nil {
+		return nil, err
+	}
+	if res.Lease != nil {
+		return res.Lease, nil
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case ev := <-events:
+		if ev.Lease != nil {
+			return ev.Lease, nil
+		}
+		return nil, ev.Err
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	// Stop waiting: leave the queue, unless the lease arrived meanwhile.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	res, err = k.store.Propose(cctx, &fsm.Command{Op: fsm.OpCancelWait,
+		CancelWait: &fsm.CancelWaitCmd{Namespace: ns, Key: key, RequestID: req}})
+	if err != nil {
+		return nil, err
+	}
+	if res.Lease != nil {
+		return res.Lease, nil
+	}
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("rm: acquire %s/%s: %w", ns, key, ctx.Err())
+	}
+	e := errcode.Waiting.With("lease still held after waiting %s", wait)
+	e.RetryAfter = 1
+	return nil, e
+}
+
+func (k *Keys) ttl(secs int64) (time.Duration, error) {
+	switch {
+	case secs < 0:
+		return 0, errcode.InvalidTTL.With("ttl_seconds must not be negative")
+	case secs == 0:
+		return k.limits.DefaultTTL, nil
+	case time.Duration(secs)*time.Second > k.limits.MaxTTL || secs > int64(k.limits.MaxTTL/time.Second):
+		return 0, errcode.InvalidTTL.With("ttl_seconds exceeds the server maximum of %d", int64(k.limits.MaxTTL/time.Second))
+	}
+	return time.Duration(secs) * time.Second, nil
+}
+
+// LeaseRef names a lease and the proofs a request carries for it.
+type LeaseRef struct {
+	Namespace string
+	Key       string
+	LeaseID   string
+	TxnID     string // optional unless the operation requires it
+	Token     int64  // 0: not given
+}
+
+// Validate checks and normalises the reference; txnRequired makes a
+// missing transaction id an error.
+func (r LeaseRef) Validate(txnRequired bool) (LeaseRef, error) {
+	var err error
+	if r.Namespace, r.Key, err = Resource(r.Namespace, r.Key); err != nil {
+		return r, err
+	}
+	if r.LeaseID, err = LeaseID(r.LeaseID); err != nil {
+		return r, err
+	}
+	if r.TxnID == "" {
+		if txnRequired {
+			return r, errcode.MissingTxn.With("txn id is required")
+		}
+	} else if r.TxnID, err = TxnID(r.TxnID); err != nil {
+		return r, err
+	}
+	if r.Token < 0 {
+		return r, errcode.InvalidFencing.With("fencing token must be positive")
+	}
+	return r, nil
+}
+
+// KeepAlive extends a lease by ttlSeconds (0: by its original TTL).
+func (k *Keys) KeepAlive(ctx context.Context, ref LeaseRef, ttlSeconds int64) (*fsm.LeaseInfo, error) {
+	ref, err := ref.Validate(false)
+	if err != nil {
+		return nil, err
+	}
+	var ttl time.Duration
+	if ttlSeconds != 0 {
+		if ttl, err = k.ttl(ttlSeconds); err != nil {
+			return nil, err
+		}
+	}
+	res, err := k.store.Propose(ctx, &fsm.Command{Op: fsm.OpKeepAlive, KeepAlive: &fsm.KeepAliveCmd{
+		Namespace: ref.Namespace, Key: ref.Key, LeaseID: ref.LeaseID, TxnID: ref.TxnID, Token: ref.Token, TTL: ttl.Milliseconds()}})
+	if err != nil {
+		return nil, err
+	}
+	return res.Lease, nil
+}
+
+// Conditions guard a write with compare-and-swap checks.
+type Conditions struct {
+	IfVersion *int64
+	IfETag    string
+}
+
+// Body is a submitted document with its optional integrity claims.
+type Body struct {
+	R              io.Reader
+	ExpectedSHA256 string
+	ExpectedBytes  int64 // -1: not given
+}
+
+// digest hashes its parts, separated so that ("ab","c") and ("a","bc") differ.
+func digest(parts ...string) string {
+	h := sha256.New()
+	for _, p := range parts {
+		h.Write([]byte(p))
+		h.Write([]byte{0})
+	}
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// Update stages a new JSON document under the lease's transaction.
+func (k *Keys) Update(ctx context.Context, ref LeaseRef, cond Conditions, body Body) (*fsm.WriteResult, error) {
+	ref, err := ref.Validate(true)
+	if err != nil {
+		return nil, err
+	}
+	doc, etag, err := ReadDocument(body, k.limits.MaxStateBytes)
+	if err != nil {
+		return nil, err
+	}
+	return k.write(ctx, ref, cond, &fsm.WriteCmd{ETag: etag, Doc: doc})
+}
+
+// Remove stages the removal of the key's document.
+func (k *Keys) Remove(ctx context.Context, ref LeaseRef, cond Conditions) (*fsm.WriteResult, error) {
+	ref, err := ref.Validate(true)
+	if err != nil {
+		return nil, err
+	}
+	return k.write(ctx, ref, cond, &fsm.WriteCmd{Delete: true})
+}
+
+func (k *Keys) write(ctx context.Context, ref LeaseRef, cond Conditions, w *fsm.WriteCmd) (*fsm.WriteResult, error) {
+	w.Namespace, w.Key, w.LeaseID, w.TxnID, w.Token = ref.Namespace, ref.Key, ref.LeaseID, ref.TxnID, ref.Token
+	w.IfVersion = cond.IfVersion
+	w.IfETag = strings.Trim(cond.IfETag, `"`)
+	res, err := k.store.Propose(ctx, &fsm.Command{Op: fsm.OpWrite, Write: w})
+	if err != nil {
+		return nil, err
+	}
+	return res.Write, nil
+}
+
+// ReadDocument reads a JSON document of at most limit bytes, checks the
+// claimed checksum and length of what was sent, and returns it compacted
+// together with its ETag (the hex SHA-256 of the compact form).
+func ReadDocument(b Body, limit int64) ([]byte, string, error) {
+	if b.R == nil {
+		return nil, "", errcode.MissingBody.With("a JSON document is required")
+	}
+	raw, err := io.ReadAll(io.LimitReader(b.R, limit+1))
+	if err != nil {
+		return nil, "", errcode.InvalidBody.With("reading body: %v", err)
+	}
+	if int64(len(raw)) > limit {
+		return nil, "", errcode.StateTooLarge.With("state exceeds %d bytes", limit)
+	}
+	if b.ExpectedBytes >= 0 && int64(len(raw)) != b.ExpectedBytes {
+		return nil, "", errcode.SizeMismatch.With("body has %d bytes, not %d", len(raw), b.ExpectedBytes)
+	}
+	if b.ExpectedSHA256 != "" {
+		sum := sha256.Sum256(raw)
+		if !strings.EqualFold(hex.EncodeToString(sum[:]), b.ExpectedSHA256) {
+			return nil, "", errcode.ChecksumMismatch.With("body does not match X-Expected-SHA256")
+		}
+	}
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return nil, "", errcode.MissingBody.With("a JSON document is required")
+	}
+	var out bytes.Buffer
+	if err := json.Compact(&out, raw); err != nil {
+		return nil, "", errcode.InvalidBody.With("state is not valid JSON: %v", err)
+	}
+	sum := sha256.Sum256(out.Bytes())
+	return out.Bytes(), hex.EncodeToString(sum[:]), nil
+}
+
+// Get returns the document the caller may see: the committed one for a
+// public read, the holder's view (including its staged write) otherwise.
+func (k *Keys) Get(ctx context.Context, ref LeaseRef, public bool, c Consistency) (fsm.Doc, error) {
+	var err error
+	if public {
+		if ref.Namespace, ref.Key, err = Resource(ref.Namespace, ref.Key); err != nil {
+			return fsm.Doc{}, err
+		}
+	} else if ref, err = ref.Validate(false); err != nil {
+		return fsm.Doc{}, err
+	}
+	var doc fsm.Doc
+	err = k.read(ctx, c, func(v *fsm.View) error {
+		if public {
+			doc = v.PublicDoc(ref.Namespace, ref.Key)
+			return nil
+		}
+		var err error
+		doc, err = v.LeaseDoc(ref.Namespace, ref.Key, ref.LeaseID, ref.TxnID, ref.Token, k.clock.Now().UnixMilli())
+		return err
+	})
+	return doc, err
+}
+
+// Description is a key's lease and committed-state metadata.
+type Description struct {
+	Namespace string
+	Key       string
+	Record    fsm.KeyRecord
+	Exists    bool
+}
+
+// Describe returns a key's metadata without its document.
+func (k *Keys) Describe(ctx context.Context, ns, key string, c Consistency) (Description, error) {
+	ns, key, err := Resource(ns, key)
+	if err != nil {
+		return Description{}, err
+	}
+	d := Description{Namespace: ns, Key: key}
+	err = k.read(ctx, c, func(v *fsm.View) error {
+		d.Record, d.Exists = v.Key(ns, key)
+		return nil
+	})
+	return d, err
+}

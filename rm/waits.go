@@ -1,0 +1,72 @@
+package rm
+
+import (
+	"sync"
+
+	"github.com/raftlockd/raftlockd/fsm"
+)
+
+// Waits connects queued acquire requests to the state machine: it observes
+// every applied batch and hands grant and give-up events to the requests
+// registered under their request id. It is how a blocked acquirer learns,
+// without polling, that the step that released the key granted it the lease.
+type Waits struct {
+	mu      sync.Mutex
+	waiting map[string][]chan fsm.Event
+}
+
+// NewWaits returns an empty registry.
+func NewWaits() *Waits { return &Waits{waiting: make(map[string][]chan fsm.Event)} }
+
+// register starts listening for the outcome of requestID. It must be called
+// before the acquire is proposed, so an immediate grant cannot be missed.
+func (w *Waits) register(requestID string) (<-chan fsm.Event, func()) {
+	ch := make(chan fsm.Event, 1)
+	w.mu.Lock()
+	w.waiting[requestID] = append(w.waiting[requestID], ch)
+	w.mu.Unlock()
+	return ch, func() {
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		list := w.waiting[requestID]
+		for i, c := range list {
+			if c == ch {
+				list = append(list[:i], list[i+1:]...)
+				break
+			}
+		}
+		if len(list) == 0 {
+			delete(w.waiting, requestID)
+		} else {
+			w.waiting[requestID] = list
+		}
+	}
+}
+
+// Observe implements fsm.Observer.
+func (w *Waits) Observe(events []fsm.Event) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, e := range events {
+		if e.Kind != fsm.EventGranted && e.Kind != fsm.EventWaitEnded {
+			continue
+		}
+		for _, ch := range w.waiting[e.RequestID] {
+			select {
+			case ch <- e:
+			default: // already told
+			}
+		}
+	}
+}
+
+// Len reports how many requests are waiting on this node.
+func (w *Waits) Len() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	n := 0
+	for _, l := range w.waiting {
+		n += len(l)
+	}
+	return n
+}

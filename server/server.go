@@ -1,0 +1,330 @@
+// Package server assembles one raftlockd node from its parts: the Raft node
+// and its state machine (cluster, fsm), the key service and its waiting
+// acquirers (rm), the coordinator (tc), the leader-only sweeper and the HTTP
+// API. It holds no logic of its own beyond start-up order and shutdown, so
+// the binary and the tests start exactly the same node.
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/rs/xid"
+
+	"github.com/raftlockd/raftlockd/api"
+	"github.com/raftlockd/raftlockd/cluster"
+	"github.com/raftlockd/raftlockd/config"
+	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/fsm"
+	"github.com/raftlockd/raftlockd/rm"
+	"github.com/raftlockd/raftlockd/sweeper"
+	"github.com/raftlockd/raftlockd/tc"
+)
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
+
+// Server is a running node.
+type Server struct {
+	cfg      config.Server
+	log      *slog.Logger
+	node     *cluster.Node
+	sweeper  *sweeper.Sweeper
+	http     *http.Server
+	listener net.Listener
+	served   chan error
+	registry *prometheus.Registry
+	drain    context.CancelCauseFunc // ends every request's context at shutdown
+	done     chan struct{}           // closed once Close has finished
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// NodeID returns the configured node id, or the one kept in dataDir,
+// creating it on first use.
+func NodeID(cfg config.Server) (string, error) {
+	if cfg.NodeID != "" {
+		return cfg.NodeID, nil
+	}
+	path := filepath.Join(cfg.DataDir, "node-id")
+	if raw, err := os.ReadFile(path); err == nil {
+		if id := strings.TrimSpace(string(raw)); id != "" {
+			return id, nil
+		}
+	}
+	id := "node-" + xid.New().String()
+	if err := os.WriteFile(path, []byte(id+"\n"), 0o600); err != nil {
+		return "", fmt.Errorf("server: keep node id: %w", err)
+	}
+	return id, nil
+}
+
+// Option adjusts how a node reaches its peers; tests use them to inject
+// network faults.
+type Option func(*options)
+
+type options struct {
+	network    cluster.Network
+	gossipHook func(*memberlist.Config)
+}
+
+// WithNetwork carries Raft and forwarded requests over n.
+func WithNetwork(n cluster.Network) Option { return func(o *options) { o.network = n } }
+
+// WithGossipHook adjusts memberlist's configuration after the gossip
+// profile was applied (for example to install a transport).
+func WithGossipHook(h func(*memberlist.Config)) Option { return func(o *options) { o.gossipHook = h } }
+
+// Start opens the node's state, joins (or bootstraps) its cluster and starts
+// serving HTTP. It returns once the listener is bound.
+func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err error) {
+	var o options
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("server: data dir: %w", err)
+	}
+	id, err := NodeID(cfg)
+	if err != nil {
+		return nil, err
+	}
+	log = log.With("node", id)
+	if cfg.DisableMTLS {
+		log.Warn("mTLS is disabled: the HTTP API accepts plain, unauthenticated connections")
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+
+	waits := rm.NewWaits()
+	// The sweeper proposes through the node, and the node's state machine
+	// tells the sweeper about new deadlines; the late binding breaks the cycle.
+	var node *cluster.Node
+	sweepProposer := proposerFunc(func(ctx context.Context, c *fsm.Command) (*fsm.Result, error) { return node.Propose(ctx, c) })
+	schedule := scheduleFunc(func(r int64) (int64, bool) { return node.FSM().NextDeadline(r) })
+	// Deadlines are judged with the clock commands are stamped with.
+	leaderClock := clockFunc(func() time.Time { return node.Now() })
+	sw := sweeper.New(sweepProposer, schedule, leaderClock, sweeper.Config{TxnRetention: cfg.TxnRetention, Logger: log})
+
+	// The HTTP listener is bound first: its address goes into the gossip
+	// metadata peers use to send clients here.
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("server: listen %s: %w", cfg.Listen, err)
+	}
+	defer func() {
+		if err != nil {
+			ln.Close()
+		}
+	}()
+	node, err = cluster.Open(cluster.Config{
+		NodeID: id, DataDir: cfg.DataDir, RaftBind: cfg.RaftListen, RaftAdvertise: cfg.RaftAdvertise,
+		Gossip: &cluster.GossipConfig{Bind: cfg.GossipListen, Advertise: cfg.GossipAdvertise, Join: cfg.Join,
+			BootstrapExpect: cfg.BootstrapExpect, ClusterName: cfg.ClusterName, APIEndpoint: cfg.APIEndpoint(ln.Addr().String()),
+			DeadServerTimeout: cfg.DeadServerTimeout, MinQuorum: cfg.MinQuorum, Tune: gossipTune(cfg.GossipProfile, o.gossipHook)},
+		Network:          o.network,
+		HeartbeatTimeout: cfg.HeartbeatTimeout, ElectionTimeout: cfg.ElectionTimeout, LeaderWait: cfg.LeaderWait,
+		SnapshotThreshold: cfg.SnapshotThreshold, SnapshotInterval: cfg.SnapshotInterval, TrailingLogs: cfg.TrailingLogs,
+		FSM:   fsm.Options{Observers: []fsm.Observer{waits, sw}},
+		Clock: wallClock{}, Logger: log, Registerer: reg,
+	})
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			sw.Stop()
+			_ = node.Close()
+		}
+	}()
+	node.OnLeadership(sw.SetLeader)
+
+	keys := rm.NewKeys(node, waits, node, rm.Limits{DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL,
+		MaxBlock: cfg.AcquireBlock, MaxStateBytes: cfg.MaxStateBytes})
+	reg.MustRegister(newStateCollector(node, waits))
+	handler := api.New(api.Options{NodeID: id, Leases: keys, Releaser: tc.New(node), Ready: readiness{node},
+		Leadership: node, Cluster: node, Backups: node, TC: node, Gatherer: reg, Registerer: reg, Logger: log})
+
+	base, drain := context.WithCancelCause(context.Background())
+	s = &Server{cfg: cfg, log: log, node: node, sweeper: sw, listener: ln, served: make(chan error, 1), registry: reg,
+		drain: drain, done: make(chan struct{}),
+		http: &http.Server{
+			Handler:           handler,
+			BaseContext:       func(net.Listener) context.Context { return base },
+			ReadHeaderTimeout: 10 * time.Second,
+			ReadTimeout:       60 * time.Second,
+			WriteTimeout:      cfg.AcquireBlock + 60*time.Second,
+			IdleTimeout:       2 * time.Minute,
+			MaxHeaderBytes:    64 << 10,
+			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+		}}
+	// A node that left its cluster (asked over HTTP or by another member)
+	// has nothing left to serve.
+	node.OnLeft(s.shutDownAfterLeaving)
+	go func() { s.served <- s.http.Serve(ln) }()
+	log.Info("raftlockd serving", "http", ln.Addr().String(), "raft", node.RaftAddr(), "data_dir", cfg.DataDir)
+	return s, nil
+}
+
+// stateCollector reports lease gauges, reading the state once per scrape.
+type stateCollector struct {
+	node                *cluster.Node
+	waits               *rm.Waits
+	held, queued, local *prometheus.Desc
+}
+
+func newStateCollector(n *cluster.Node, w *rm.Waits) *stateCollector {
+	return &stateCollector{node: n, waits: w,
+		held:   prometheus.NewDesc("raftlockd_leases_held", "Leases currently held (replicated state).", nil, nil),
+		queued: prometheus.NewDesc("raftlockd_lease_waiters", "Acquirers queued for a lease (replicated state).", nil, nil),
+		local:  prometheus.NewDesc("raftlockd_lease_waiters_local", "Acquire requests waiting on this node.", nil, nil),
+	}
+}
+
+func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.held
+	ch <- c.queued
+	ch <- c.local
+}
+
+func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
+	var leases, waiters int
+	_ = c.node.FSM().View(func(v *fsm.View) error {
+		leases, waiters = v.Counts()
+		return nil
+	})
+	ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, float64(leases))
+	ch <- prometheus.MustNewConstMetric(c.queued, prometheus.GaugeValue, float64(waiters))
+	ch <- prometheus.MustNewConstMetric(c.local, prometheus.GaugeValue, float64(c.waits.Len()))
+}
+
+// gossipTune returns memberlist timing adjustments for a profile, followed
+// by hook.
+func gossipTune(profile string, hook func(*memberlist.Config)) func(*memberlist.Config) {
+	return func(c *memberlist.Config) {
+		if profile == "fast" {
+			fastGossip(c)
+		}
+		if hook != nil {
+			hook(c)
+		}
+	}
+}
+
+// fastGossip detects failures within about a second on a loopback or
+// otherwise fast network.
+func fastGossip(c *memberlist.Config) {
+	c.ProbeInterval = 200 * time.Millisecond
+	c.ProbeTimeout = 100 * time.Millisecond
+	c.GossipInterval = 50 * time.Millisecond
+	c.SuspicionMult = 2
+	c.PushPullInterval = 5 * time.Second
+	c.TCPTimeout = time.Second
+	c.GossipToTheDeadTime = 5 * time.Second
+	c.DeadNodeReclaimTime = time.Second
+}
+
+type proposerFunc func(ctx context.Context, c *fsm.Command) (*fsm.Result, error)
+
+func (f proposerFunc) Propose(ctx context.Context, c *fsm.Command) (*fsm.Result, error) {
+	return f(ctx, c)
+}
+
+type clockFunc func() time.Time
+
+func (f clockFunc) Now() time.Time { return f() }
+
+type scheduleFunc func(retention int64) (int64, bool)
+
+func (f scheduleFunc) NextDeadline(r int64) (int64, bool) { return f(r) }
+
+type readiness struct{ node *cluster.Node }
+
+func (r readiness) Ready(ctx context.Context) error {
+	if !r.node.HasLeader() {
+		e := errcode.NotReady.With("no leader")
+		e.RetryAfter = 1
+		return e
+	}
+	return nil
+}
+
+// Addr returns the HTTP address the node listens on.
+func (s *Server) Addr() string { return s.listener.Addr().String() }
+
+// URL returns the base URL of the HTTP API.
+func (s *Server) URL() string { return "http://" + s.Addr() }
+
+// Node returns the Raft node (for tests and operator commands).
+func (s *Server) Node() *cluster.Node { return s.node }
+
+// Registry returns the node's metrics registry.
+func (s *Server) Registry() *prometheus.Registry { return s.registry }
+
+// Close stops accepting requests, lets in-flight ones finish until ctx ends,
+// then stops the sweeper and the Raft node and flushes the state file.
+// Later calls return the first call's result.
+func (s *Server) Close(ctx context.Context) error {
+	s.closeOnce.Do(func() {
+		s.closeErr = s.close(ctx)
+		close(s.done)
+	})
+	return s.closeErr
+}
+
+// Done is closed once the server has shut down: after Close, or by itself
+// after it left its cluster (POST /v1/cluster/leave, or another member
+// asked it to leave).
+func (s *Server) Done() <-chan struct{} { return s.done }
+
+// shutDownAfterLeaving closes the server in the background: the request
+// that made it leave is answered first (Close waits for it).
+func (s *Server) shutDownAfterLeaving() {
+	s.log.Info("left the cluster; shutting down")
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.Close(ctx); err != nil {
+			s.log.Warn("shutdown after leaving", "error", err)
+		}
+	}()
+}
+
+func (s *Server) close(ctx context.Context) error {
+	// Requests still waiting (blocked acquires) are told to retry elsewhere.
+	e := errcode.ShuttingDown.With("node is shutting down")
+	e.RetryAfter = 1
+	s.drain(e)
+	err := s.http.Shutdown(ctx)
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		err = s.http.Close()
+	}
+	if serr := <-s.served; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = serr
+	}
+	s.sweeper.Stop()
+	if nerr := s.node.Close(); nerr != nil && err == nil {
+		err = nerr
+	}
+	return err
+}

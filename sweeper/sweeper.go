@@ -1,0 +1,196 @@
+// Package sweeper runs on the Raft leader only and turns the passage of time
+// into replicated steps: when a lease expires, a queued acquirer's deadline
+// passes or a decision record outlives its retention, it proposes a bounded
+// sweep command stamped with the leader's clock. Expiry is therefore judged
+// once, by the leader, against replicated time, and every node applies the
+// same outcome (rollback of the expired lease's transaction and hand-off to
+// the next waiter). The sweeper sleeps until the earliest deadline in the
+// state instead of polling, and stops as soon as leadership is lost.
+package sweeper
+
+import (
+	"context"
+	"log/slog"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/raftlockd/raftlockd/fsm"
+)
+
+// Proposer replicates a command.
+type Proposer interface {
+	Propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, error)
+}
+
+// Schedule tells when the next sweep has work.
+type Schedule interface {
+	NextDeadline(retentionMs int64) (when int64, ok bool)
+}
+
+// Clock is the leader's clock, the same one that stamps commands.
+type Clock interface{ Now() time.Time }
+
+// Config bounds the sweeper's work.
+type Config struct {
+	Limit        int           // items per sweep entry
+	TxnRetention time.Duration // how long decision records are kept
+	Idle         time.Duration // longest sleep when nothing is scheduled
+	Logger       *slog.Logger
+}
+
+// Sweeper is started and stopped by leadership changes.
+type Sweeper struct {
+	proposer Proposer
+	schedule Schedule
+	clock    Clock
+	cfg      Config
+
+	kick    chan struct{}
+	planned atomic.Int64 // Unix ms of the planned wake-up
+
+	mu      sync.Mutex
+	stopped bool
+	cancel  context.CancelFunc
+	done    chan struct{}
+	sweeps  atomic.Int64
+}
+
+// New returns a stopped sweeper.
+func New(p Proposer, s Schedule, c Clock, cfg Config) *Sweeper {
+	if cfg.Limit <= 0 {
+		cfg.Limit = 256
+	}
+	if cfg.Idle <= 0 {
+		cfg.Idle = time.Second
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	sw := &Sweeper{proposer: p, schedule: s, clock: c, cfg: cfg, kick: make(chan struct{}, 1)}
+	sw.planned.Store(math.MaxInt64)
+	return sw
+}
+
+// SetLeader starts the sweeper when this node gains leadership and stops it
+// when leadership is lost. It does not block.
+func (s *Sweeper) SetLeader(isLeader bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cancel != nil {
+		s.cancel()
+		s.cancel = nil
+	}
+	if !isLeader || s.stopped {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s.cancel = cancel
+	prev := s.done
+	done := make(chan struct{})
+	s.done = done
+	go func() {
+		defer close(done)
+		if prev != nil {
+			<-prev
+		}
+		s.run(ctx)
+	}()
+}
+
+// Stop stops the sweeper for good and waits for its goroutine.
+func (s *Sweeper) Stop() {
+	s.mu.Lock()
+	s.stopped = true
+	if s.cancel != nil {
+		s.cancel()
+		s.cancel = nil
+	}
+	done := s.done
+	s.mu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
+// Running reports whether the sweep loop is active.
+func (s *Sweeper) Running() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.cancel != nil
+}
+
+// Sweeps counts the sweep entries proposed.
+func (s *Sweeper) Sweeps() int64 { return s.sweeps.Load() }
+
+// Observe implements fsm.Observer: a new deadline earlier than the planned
+// wake-up wakes the loop so it can re-plan.
+func (s *Sweeper) Observe(events []fsm.Event) {
+	for _, e := range events {
+		if e.Kind == fsm.EventTimer && e.When < s.planned.Load() {
+			select {
+			case s.kick <- struct{}{}:
+			default:
+			}
+			return
+		}
+	}
+}
+
+func (s *Sweeper) run(ctx context.Context) {
+	retention := s.cfg.TxnRetention.Milliseconds()
+	// A new term starts with a sweep: whatever fell due while no leader
+	// was sweeping is handled at once.
+	force := true
+	for {
+		now := s.clock.Now().UnixMilli()
+		next, ok := s.schedule.NextDeadline(retention)
+		if force || (ok && next <= now) {
+			force = false
+			res, err := s.proposer.Propose(ctx, &fsm.Command{Op: fsm.OpSweep,
+				Sweep: &fsm.SweepCmd{Limit: s.cfg.Limit, TxnRetention: retention}})
+			if ctx.Err() != nil {
+				return
+			}
+			s.sweeps.Add(1)
+			if err != nil {
+				s.cfg.Logger.Warn("sweep failed", "error", err)
+				if !sleep(ctx, 100*time.Millisecond) {
+					return
+				}
+				continue
+			}
+			if res.Sweep != nil && res.Sweep.More {
+				continue
+			}
+			continue // re-plan against the new state
+		}
+		wait := s.cfg.Idle
+		if ok {
+			wait = min(wait, time.Duration(next-now)*time.Millisecond)
+		}
+		s.planned.Store(now + wait.Milliseconds())
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-s.kick:
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
+		t.Stop()
+		s.planned.Store(math.MaxInt64)
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}

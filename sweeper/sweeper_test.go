@@ -1,0 +1,140 @@
+package sweeper
+
+import (
+	"context"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+	"go.uber.org/goleak"
+
+	"github.com/raftlockd/raftlockd/fsm"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+type wall struct{}
+
+func (wall) Now() time.Time { return time.Now() }
+
+// direct applies commands straight to a real state machine, standing in for
+// a one-node Raft log.
+type direct struct {
+	mu    sync.Mutex
+	f     *fsm.FSM
+	index uint64
+	ops   []fsm.Op
+}
+
+func (d *direct) Propose(ctx context.Context, c *fsm.Command) (*fsm.Result, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	c.Now = time.Now().UnixMilli()
+	data, err := fsm.Encode(c)
+	if err != nil {
+		return nil, err
+	}
+	d.index++
+	d.ops = append(d.ops, c.Op)
+	res := d.f.ApplyBatch([]*raft.Log{{Index: d.index, Term: 1, Type: raft.LogCommand, Data: data}})[0].(*fsm.Result)
+	return res, res.Error()
+}
+
+func (d *direct) sweeps() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, op := range d.ops {
+		if op == fsm.OpSweep {
+			n++
+		}
+	}
+	return n
+}
+
+func setup(t *testing.T) (*direct, *Sweeper) {
+	t.Helper()
+	d := &direct{}
+	sw := New(d, nil, wall{}, Config{TxnRetention: time.Minute, Idle: time.Hour})
+	f, err := fsm.Open(filepath.Join(t.TempDir(), "state.db"), fsm.Options{Observers: []fsm.Observer{sw}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sw.Stop(); f.Close() })
+	d.f = f
+	sw.schedule = f
+	return d, sw
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+func TestSweeperExpiresLeasesAtTheirDeadlineOnlyWhileLeading(t *testing.T) {
+	d, sw := setup(t)
+	sw.SetLeader(true)
+	waitFor(t, "the first sweep of the term", func() bool { return d.sweeps() == 1 })
+
+	// Nothing is due: the sweeper sleeps instead of proposing.
+	time.Sleep(100 * time.Millisecond)
+	if n := d.sweeps(); n != 1 {
+		t.Fatalf("idle sweeper proposed %d sweeps", n)
+	}
+
+	// A lease expiring in 300ms is swept at about that time, not before.
+	granted := time.Now()
+	if _, err := d.Propose(context.Background(), &fsm.Command{Op: fsm.OpAcquire, Acquire: &fsm.AcquireCmd{
+		Namespace: "default", Key: "k", Owner: "o", TxnID: "t", LeaseID: "l", RequestID: "r", TTL: 300}}); err != nil {
+		t.Fatal(err)
+	}
+	held := func() bool {
+		var rec fsm.KeyRecord
+		_ = d.f.View(func(v *fsm.View) error { rec, _ = v.Key("default", "k"); return nil })
+		return rec.Lease != nil
+	}
+	waitFor(t, "the lease to expire", func() bool { return !held() })
+	if after := time.Since(granted); after < 300*time.Millisecond || after > 1500*time.Millisecond {
+		t.Fatalf("lease expired after %s, want about 300ms", after)
+	}
+
+	// Once leadership is lost the sweeper stops at once and proposes nothing,
+	// even when leases fall due.
+	sw.SetLeader(false)
+	waitFor(t, "the sweeper to stop", func() bool { return !sw.Running() })
+	before := d.sweeps()
+	if _, err := d.Propose(context.Background(), &fsm.Command{Op: fsm.OpAcquire, Acquire: &fsm.AcquireCmd{
+		Namespace: "default", Key: "k2", Owner: "o", TxnID: "t2", LeaseID: "l2", RequestID: "r2", TTL: 50}}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond)
+	if d.sweeps() != before {
+		t.Fatal("a follower swept")
+	}
+
+	// A new term sweeps what fell due meanwhile.
+	sw.SetLeader(true)
+	waitFor(t, "the new leader to sweep", func() bool {
+		var rec fsm.KeyRecord
+		_ = d.f.View(func(v *fsm.View) error { rec, _ = v.Key("default", "k2"); return nil })
+		return rec.Lease == nil
+	})
+}
+
+func TestStoppedSweeperIgnoresLeadership(t *testing.T) {
+	d, sw := setup(t)
+	sw.Stop()
+	sw.SetLeader(true)
+	time.Sleep(50 * time.Millisecond)
+	if sw.Running() || d.sweeps() != 0 {
+		t.Fatal("stopped sweeper started")
+	}
+}
