@@ -77,6 +77,43 @@ func onlyVoter(servers []raft.Server, id string) bool {
 	return self && voters == 1
 }
 
+// HandOff transfers leadership to another voter when this node leads a
+// cluster of several, so that stopping it costs the others no election
+// timeout. It reports whether leadership was handed over; a failure is
+// logged and the caller shuts down regardless.
+func (n *Node) HandOff(ctx context.Context) bool {
+	if !n.IsLeader() {
+		return false
+	}
+	servers, err := n.Servers()
+	if err != nil || onlyVoter(servers, n.cfg.NodeID) || !isVoter(servers, n.cfg.NodeID) {
+		return false
+	}
+	start := time.Now()
+	done := make(chan error, 1)
+	go func() { done <- n.raft.LeadershipTransfer().Error() }() // raft bounds it by its election timeout
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		err = ctx.Err()
+	}
+	if err != nil {
+		n.cfg.Logger.Warn("could not hand leadership over before stopping", "error", err)
+		return false
+	}
+	n.cfg.Logger.Info("handed leadership over before stopping", "took", time.Since(start).Round(time.Millisecond))
+	return true
+}
+
+func isVoter(servers []raft.Server, id string) bool {
+	for _, s := range servers {
+		if s.ID == raft.ServerID(id) {
+			return s.Suffrage == raft.Voter
+		}
+	}
+	return false
+}
+
 // Servers returns the Raft configuration: every member and its suffrage.
 func (n *Node) Servers() ([]raft.Server, error) {
 	cf := n.raft.GetConfiguration()

@@ -38,13 +38,16 @@ bootstraps itself in the default data directory and resumes from it on restart.`
 			}
 			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
+			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
 			select {
 			case <-ctx.Done():
 				log.Info("shutting down")
+				// A leader stopped on purpose hands over first: the
+				// cluster goes on without waiting for an election.
+				srv.Node().HandOff(sctx)
 			case <-srv.Done(): // it left the cluster and closed itself
 			}
-			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
 			return srv.Close(sctx)
 		},
 	}
