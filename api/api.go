@@ -13,6 +13,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/pprof"
 	"strconv"
 	"strings"
 	"time"
@@ -62,6 +63,7 @@ type Options struct {
 	Registerer   prometheus.Registerer
 	Logger       *slog.Logger
 	MaxBodyBytes int64 // JSON request bodies; state documents are limited by the key service
+	Pprof        bool  // serve net/http/pprof under /debug/pprof/
 }
 
 type handler struct {
@@ -94,6 +96,13 @@ func New(o Options) http.Handler {
 	h.routeCluster(route)
 	if o.Gatherer != nil {
 		mux.Handle("/metrics", promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{}))
+	}
+	if o.Pprof {
+		mux.HandleFunc("/debug/pprof/", pprof.Index)
+		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	}
 	mux.Handle("/", h.wrap("other", "", func(w http.ResponseWriter, r *http.Request) error {
 		return errcode.NotFound.With("no endpoint %s", r.URL.Path)

@@ -599,3 +599,19 @@ func TestIdempotencyKeysAreScopedToTheRequest(t *testing.T) {
 		t.Fatalf("%+v", l)
 	}
 }
+
+// The profiler is served only when asked for.
+func TestPprofOnlyWhenEnabled(t *testing.T) {
+	off := newEnv(t)
+	if r := off.do(http.MethodGet, "/debug/pprof/", nil, ""); r.status != http.StatusNotFound {
+		t.Fatalf("pprof without --pprof: %d %s", r.status, r.body)
+	}
+	cfg := testutil.Config(t, t.TempDir())
+	cfg.Pprof = true
+	srv := testutil.StartServer(t, cfg)
+	on := &env{t: t, url: srv.URL(), srv: srv}
+	r := on.do(http.MethodGet, "/debug/pprof/goroutine?debug=1", nil, "")
+	if r.status != http.StatusOK || !strings.Contains(string(r.body), "goroutine profile") {
+		t.Fatalf("pprof with --pprof: %d %.200s", r.status, r.body)
+	}
+}

@@ -22,6 +22,7 @@ type Server struct {
 	RaftAdvertise string // empty: RaftListen
 	APIAdvertise  string // the API endpoint peers hand to clients; empty: derived from Listen
 	DisableMTLS   bool
+	Pprof         bool // serve Go's profiler under /debug/pprof/ on the API address
 
 	GossipListen      string
 	GossipAdvertise   string

@@ -163,7 +163,8 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 		MaxBlock: cfg.AcquireBlock, MaxStateBytes: cfg.MaxStateBytes})
 	reg.MustRegister(newStateCollector(node, waits))
 	handler := api.New(api.Options{NodeID: id, Leases: keys, Releaser: tc.New(node), Ready: readiness{node},
-		Leadership: node, Cluster: node, Backups: node, TC: node, Gatherer: reg, Registerer: reg, Logger: log})
+		Leadership: node, Cluster: node, Backups: node, TC: node, Gatherer: reg, Registerer: reg, Logger: log,
+		Pprof: cfg.Pprof})
 
 	base, drain := context.WithCancelCause(context.Background())
 	s = &Server{cfg: cfg, log: log, node: node, sweeper: sw, listener: ln, served: make(chan error, 1), registry: reg,

@@ -117,7 +117,7 @@ it starts a throw-away single-node server in a temporary directory.`,
 	f := cmd.Flags()
 	f.StringVar(&target, "server", "http://127.0.0.1:9341", "server URL(s), comma-separated; clients are spread over them")
 	f.IntVar(&spawn, "spawn", 0, "start this many server processes forming one cluster and measure them")
-	f.DurationVar(&raftTimeout, "raft-timeout", 300*time.Millisecond, "Raft heartbeat and election timeout of spawned servers")
+	f.DurationVar(&raftTimeout, "raft-timeout", 200*time.Millisecond, "Raft heartbeat and election timeout of spawned servers")
 	f.IntVar(&failoverRounds, "failover-rounds", 0, "with --spawn: kill the leader this many times and time the recovery")
 	f.BoolVar(&embedded, "embedded", false, "start a temporary single-node server and measure it")
 	f.StringVar(&workloads, "workload", "lock,handoff", "comma-separated workloads: lock, handoff")

@@ -66,6 +66,7 @@ bootstraps itself in the default data directory and resumes from it on restart.`
 	f.DurationVar(&cfg.DeadServerTimeout, "dead-server-timeout", cfg.DeadServerTimeout, "how long a server must stay dead before the leader removes it from the voters")
 	f.IntVar(&cfg.MinQuorum, "min-quorum", 0, "fewest voters dead-server cleanup may leave (default: a majority of --bootstrap-expect)")
 	f.StringVar(&cfg.GossipProfile, "gossip-profile", cfg.GossipProfile, "gossip timing: lan, or fast for loopback clusters")
+	f.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiler (net/http/pprof) under /debug/pprof/ on the API address")
 	f.BoolVar(&cfg.DisableMTLS, "disable-mtls", false, "serve plain HTTP (mTLS is not available yet; plain HTTP is the only mode)")
 	f.DurationVar(&cfg.DefaultTTL, "default-ttl", cfg.DefaultTTL, "lease TTL when a request names none")
 	f.DurationVar(&cfg.MaxTTL, "max-ttl", cfg.MaxTTL, "longest TTL a lease may ask for")
