@@ -6,9 +6,7 @@
 package api
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -55,15 +53,31 @@ type Options struct {
 	Leases       Leases
 	Releaser     Releaser
 	Ready        Readiness
-	Leadership   Leadership   // names the leader in X-Raftlockd-Leader; optional
-	Cluster      Cluster      // /v1/cluster/status, members, leave, remove-peer; optional
-	Backups      Backups      // /v1/cluster/snapshot; optional
-	TC           TCMembership // lockd's /v1/tc/leader and /v1/tc/cluster/...; optional
+	Leadership   Leadership      // names the leader in X-Raftlockd-Leader; optional
+	Cluster      Cluster         // /v1/cluster/status, members, leave, remove-peer; optional
+	Backups      Backups         // /v1/cluster/snapshot; optional
+	TC           TCMembership    // lockd's /v1/tc/leader and /v1/tc/cluster/...; optional
+	Coordinator  Coordinator     // /v1/txn/decide, replay, status and /v1/tc/rm/...; optional
+	RM           ResourceManager // /v1/txn/prepare, commit, rollback; optional
+	LeaderOf     Leader          // hands coordinator requests from a follower to the leader
+	PeerHTTP     *http.Client    // used to reach the leader; nil: http.DefaultClient
+	Queues       Queues          // /v1/queue/...; optional
+	UTXOs        UTXOs           // /v1/utxo/...; optional
 	Gatherer     prometheus.Gatherer
 	Registerer   prometheus.Registerer
 	Logger       *slog.Logger
-	MaxBodyBytes int64 // JSON request bodies; state documents are limited by the key service
-	Pprof        bool  // serve net/http/pprof under /debug/pprof/
+	MaxBodyBytes int64       // JSON request bodies; state documents are limited by the key service
+	Pprof        bool        // serve net/http/pprof under /debug/pprof/
+	Access       AccessLists // /v1/auth/revoke|revoked, /v1/tc/trust; optional
+	// Auth verifies callers' certificates (see endpointClass); nil serves
+	// every endpoint to anyone (mTLS disabled).
+	Auth Authenticator
+	// TCAuthDisabled opens the coordinator and resource-manager endpoints
+	// to callers without a certificate; the others still need one.
+	TCAuthDisabled bool
+	// MaxUTXOBodyBytes bounds the bodies of /v1/utxo/create and spend
+	// (default 32 MiB); the other UTXO endpoints take MaxBodyBytes.
+	MaxUTXOBodyBytes int64
 }
 
 type handler struct {
@@ -78,6 +92,19 @@ func New(o Options) http.Handler {
 	}
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = 64 << 10
+	}
+	if o.MaxUTXOBodyBytes <= 0 {
+		o.MaxUTXOBodyBytes = defaultMaxUTXOBodyBytes
+	}
+	if o.Auth != nil {
+		o.Leases = guardedLeases{o.Leases}
+		o.Releaser = guardedReleaser{o.Releaser}
+		if o.Queues != nil {
+			o.Queues = guardedQueues{o.Queues}
+		}
+		if o.UTXOs != nil {
+			o.UTXOs = guardedUTXOs{o.UTXOs}
+		}
 	}
 	h := &handler{Options: o, metrics: newHTTPMetrics(o.Registerer)}
 	mux := http.NewServeMux()
@@ -94,20 +121,32 @@ func New(o Options) http.Handler {
 	route(http.MethodPost, "/v1/remove", h.remove)
 	route(http.MethodGet, "/v1/describe", h.describe)
 	h.routeCluster(route)
+	h.routeTxn(route)
+	h.routeQueue(route)
+	h.routeUTXO(route)
+	h.routeAccess(route)
 	if o.Gatherer != nil {
-		mux.Handle("/metrics", promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{}))
+		route("", "/metrics", serve(promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{})))
 	}
 	if o.Pprof {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+		route("", "/debug/pprof/", serve(http.HandlerFunc(pprof.Index)))
+		route("", "/debug/pprof/cmdline", serve(http.HandlerFunc(pprof.Cmdline)))
+		route("", "/debug/pprof/profile", serve(http.HandlerFunc(pprof.Profile)))
+		route("", "/debug/pprof/symbol", serve(http.HandlerFunc(pprof.Symbol)))
+		route("", "/debug/pprof/trace", serve(http.HandlerFunc(pprof.Trace)))
 	}
 	mux.Handle("/", h.wrap("other", "", func(w http.ResponseWriter, r *http.Request) error {
 		return errcode.NotFound.With("no endpoint %s", r.URL.Path)
 	}))
 	return mux
+}
+
+// serve adapts a plain handler to the wrapped form.
+func serve(hd http.Handler) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		hd.ServeHTTP(w, r)
+		return nil
+	}
 }
 
 // statusWriter remembers the status a handler wrote.
@@ -162,12 +201,20 @@ func (h *handler) wrap(endpoint, method string, fn func(http.ResponseWriter, *ht
 			}
 			h.metrics.observe(endpoint, sw.status, time.Since(start))
 		}()
-		var err error
-		if method != "" && r.Method != method {
+		r, err := h.authenticate(r, endpoint)
+		switch {
+		case err != nil:
+		case method != "" && r.Method != method:
 			sw.Header().Set("Allow", method)
 			err = errcode.MethodNotAllowed.With("%s needs %s", r.URL.Path, method)
-		} else {
-			r = r.WithContext(withCorrelation(r.Context(), corr))
+		default:
+			ctx, cancel, terr := withClientTimeout(r)
+			if terr != nil {
+				err = terr
+				break
+			}
+			defer cancel()
+			r = r.WithContext(withCorrelation(ctx, corr))
 			err = fn(sw, r)
 		}
 		if err != nil {
@@ -178,6 +225,27 @@ func (h *handler) wrap(endpoint, method string, fn func(http.ResponseWriter, *ht
 			writeError(r.Context(), sw, err, h.Logger)
 		}
 	})
+}
+
+// maxClientTimeout bounds X-Raftlockd-Timeout.
+const maxClientTimeout = 24 * time.Hour
+
+// withClientTimeout gives the request's context the deadline the client
+// announced in X-Raftlockd-Timeout, so that the request, and its
+// forwarding to the leader, ends when the client stops waiting.
+func withClientTimeout(r *http.Request) (context.Context, context.CancelFunc, error) {
+	v := r.Header.Get(wire.HeaderTimeout)
+	if v == "" {
+		return r.Context(), func() {}, nil
+	}
+	d, err := time.ParseDuration(strings.TrimSpace(v))
+	if err != nil || d <= 0 || d > maxClientTimeout {
+		return nil, nil, errcode.InvalidTimeout.With("%s must be a positive duration of at most %s, such as 1.5s", wire.HeaderTimeout, maxClientTimeout)
+	}
+	e := errcode.Unavailable.With("the request's %s of %s passed", wire.HeaderTimeout, d)
+	e.RetryAfter = 1
+	ctx, cancel := context.WithTimeoutCause(r.Context(), d, e)
+	return ctx, cancel, nil
 }
 
 type correlationKey struct{}
@@ -194,27 +262,25 @@ func correlation(ctx context.Context) string {
 // decodeJSON reads a bounded JSON object, rejecting unknown fields and
 // trailing data. An empty body decodes as {}.
 func (h *handler) decodeJSON(w http.ResponseWriter, r *http.Request, v any) error {
-	body := http.MaxBytesReader(w, r.Body, h.MaxBodyBytes)
-	raw, err := io.ReadAll(body)
+	raw, err := readBody(w, r, h.MaxBodyBytes)
+	if err != nil {
+		return err
+	}
+	return decodeStrict(raw, v, "JSON")
+}
+
+// readBody reads a request body of at most limit bytes: more is
+// request_too_large, a body that breaks off invalid_body.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64) ([]byte, error) {
+	raw, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			return errcode.RequestTooLarge.With("request body exceeds %d bytes", h.MaxBodyBytes)
+			return nil, errcode.RequestTooLarge.With("request body exceeds %d bytes", limit)
 		}
-		return errcode.InvalidBody.With("reading body: %v", err)
+		return nil, errcode.InvalidBody.With("reading body: %v", err)
 	}
-	if len(bytes.TrimSpace(raw)) == 0 {
-		return nil
-	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(v); err != nil {
-		return errcode.InvalidBody.With("malformed JSON: %v", err)
-	}
-	if dec.More() {
-		return errcode.InvalidBody.With("unexpected data after the JSON object")
-	}
-	return nil
+	return raw, nil
 }
 
 func firstNonEmpty(vals ...string) string {
@@ -251,6 +317,13 @@ func conditions(r *http.Request) (rm.Conditions, error) {
 		c.IfVersion = &n
 	}
 	return c, nil
+}
+
+// lenientBool reads a boolean query parameter the way lockd does: anything
+// that is not a boolean counts as false.
+func lenientBool(r *http.Request, name string) bool {
+	b, _ := strconv.ParseBool(r.URL.Query().Get(name))
+	return b
 }
 
 func boolParam(r *http.Request, name string) (bool, error) {
@@ -384,10 +457,6 @@ func consistency(r *http.Request) (rm.Consistency, error) {
 }
 
 func (h *handler) get(w http.ResponseWriter, r *http.Request) error {
-	public, err := boolParam(r, "public")
-	if err != nil {
-		return err
-	}
 	c, err := consistency(r)
 	if err != nil {
 		return err
@@ -396,6 +465,9 @@ func (h *handler) get(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
+	// As in lockd, a request that names a lease reads the holder's view
+	// even with public=1.
+	public := lenientBool(r, "public") && ref.LeaseID == ""
 	doc, err := h.Leases.Get(r.Context(), ref, public, c)
 	if err != nil {
 		return err
@@ -421,11 +493,14 @@ func (h *handler) update(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	body := rm.Body{R: r.Body, ExpectedSHA256: r.Header.Get(wire.HeaderExpectedSHA256), ExpectedBytes: -1}
+	body := rm.Body{R: r.Body, ExpectedSHA256: strings.TrimSpace(r.Header.Get(wire.HeaderExpectedSHA256)), ExpectedBytes: -1}
+	if body.ExpectedSHA256 != "" && !rm.ValidSHA256(body.ExpectedSHA256) {
+		return errcode.InvalidChecksum.With("%s must be 64 hex digits", wire.HeaderExpectedSHA256)
+	}
 	if v := r.Header.Get(wire.HeaderExpectedBytes); v != "" {
 		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
 		if err != nil || n < 0 {
-			return errcode.InvalidParams.With("%s must be a non-negative integer", wire.HeaderExpectedBytes)
+			return errcode.InvalidSize.With("%s must be a non-negative integer", wire.HeaderExpectedBytes)
 		}
 		body.ExpectedBytes = n
 	}
@@ -466,9 +541,7 @@ func (h *handler) describe(w http.ResponseWriter, r *http.Request) error {
 	if err != nil {
 		return err
 	}
-	if !d.Exists {
-		return errcode.NotFound.With("key %s/%s has never been used", d.Namespace, d.Key)
-	}
+	// A key never used is described as lockd does: version 0, no holder.
 	rec := d.Record
 	out := wire.DescribeResponse{Namespace: d.Namespace, Key: d.Key, Version: rec.Version, StateETag: rec.ETag,
 		UpdatedAt: unixSeconds(rec.UpdatedAt), Waiters: rec.Waiters}

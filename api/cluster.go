@@ -2,10 +2,15 @@ package api
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/raftlockd/raftlockd/cluster"
@@ -145,16 +150,169 @@ func (h *handler) snapshot(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	case http.MethodPost:
 		_ = rc.SetReadDeadline(time.Time{})
-		res, err := h.Backups.Restore(r.Context(), r.Body)
-		if err != nil {
-			return err
-		}
-		writeJSON(w, http.StatusOK, wire.RestoreResponse{Restored: true, Bytes: res.Bytes, Index: res.Index})
-		return nil
+		_ = rc.SetWriteDeadline(time.Time{})
+		return h.restore(w, r)
 	}
 	w.Header().Set("Allow", "GET, POST")
 	return errcode.MethodNotAllowed.With("%s needs GET or POST", r.URL.Path)
 }
+
+// restoreForwards bounds how often a follower asks again who leads when the
+// node it forwarded an upload to stopped leading before reading any of it.
+const restoreForwards = 4
+
+// restoreForwarder carries uploads from a follower to the leader's API,
+// with the TLS settings of PeerHTTP (the node's certificate). It keeps no
+// idle connections (restores are rare) and uses no proxy from the
+// environment: the peers' endpoints are internal addresses.
+func (h *handler) restoreForwarder() *http.Client {
+	t := &http.Transport{
+		DialContext:       (&net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}).DialContext,
+		DisableKeepAlives: true,
+		// The leader answers 100 Continue once it starts storing the upload,
+		// or refuses it (not_leader) without reading it.
+		ExpectContinueTimeout: 30 * time.Second,
+	}
+	if peer, ok := h.peerHTTP().Transport.(*http.Transport); ok {
+		t.TLSClientConfig, t.DialTLSContext = peer.TLSClientConfig, peer.DialTLSContext
+	}
+	return &http.Client{Transport: t}
+}
+
+// restore installs an uploaded snapshot. Only the leader restores; a
+// follower forwards the upload to the leader's API endpoint itself,
+// streaming it as it arrives, so that clients need not reach the leader's
+// advertised address (a container's host name, a private network). The
+// leader checks a forwarded upload exactly as one it receives directly.
+func (h *handler) restore(w http.ResponseWriter, r *http.Request) error {
+	body := &uploadBody{r: r.Body}
+	backoff := 50 * time.Millisecond
+	for attempt := 1; ; attempt++ {
+		res, err := h.Backups.Restore(r.Context(), body)
+		if err == nil {
+			writeJSON(w, http.StatusOK, wire.RestoreResponse{Restored: true, Bytes: res.Bytes, Index: res.Index})
+			return nil
+		}
+		var e *errcode.Error
+		if !errors.As(err, &e) || e.Code != errcode.NotLeader.Code || e.LeaderEndpoint == "" ||
+			r.Header.Get(wire.HeaderForwardedBy) != "" || body.used() {
+			return err
+		}
+		err = h.forwardRestore(w, r, body, e.LeaderEndpoint)
+		var again *forwardAgain
+		if !errors.As(err, &again) {
+			return err
+		}
+		if attempt == restoreForwards {
+			ue := errcode.Unavailable.With("forwarding the snapshot to the leader: %v", again.why)
+			ue.RetryAfter = 1
+			return ue
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-t.C:
+		case <-r.Context().Done():
+			t.Stop()
+			return fmt.Errorf("api: forward restore: %w", r.Context().Err())
+		}
+		backoff *= 2
+	}
+}
+
+// forwardAgain is forwardRestore's report that nothing was sent and
+// nothing answered: the node asked may try again, naming the leader anew.
+type forwardAgain struct{ why string }
+
+func (f *forwardAgain) Error() string { return f.why }
+
+// forwardRestore sends the upload to the leader at endpoint and relays its
+// answer. It returns a *forwardAgain, with nothing written, when the upload
+// did not reach a leader and none of it was read: the node there no longer
+// leads, or could not be reached.
+func (h *handler) forwardRestore(w http.ResponseWriter, r *http.Request, body *uploadBody, endpoint string) error {
+	target := strings.TrimRight(endpoint, "/") + "/v1/cluster/snapshot"
+	var rd io.Reader = body
+	if r.ContentLength == 0 {
+		rd = http.NoBody
+	}
+	req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, target, rd)
+	if err != nil {
+		return &forwardAgain{why: fmt.Sprintf("the leader's endpoint %q: %v", endpoint, err)}
+	}
+	req.ContentLength = r.ContentLength
+	req.Header.Set("Content-Type", "application/octet-stream")
+	req.Header.Set("Expect", "100-continue")
+	req.Header.Set(wire.HeaderForwardedBy, h.NodeID)
+	if id := correlation(r.Context()); id != "" {
+		req.Header.Set(wire.HeaderCorrelationID, id)
+	}
+	start := time.Now()
+	resp, err := h.restoreForwarder().Do(req)
+	if err != nil {
+		if ctxErr := r.Context().Err(); ctxErr != nil {
+			return fmt.Errorf("api: forward restore to %s: %w", endpoint, ctxErr)
+		}
+		if !body.used() {
+			// Nothing was sent: asking again who leads is safe.
+			h.Logger.Warn("forwarding a snapshot restore", "leader", endpoint, "error", err)
+			return &forwardAgain{why: fmt.Sprintf("%s: %v", endpoint, err)}
+		}
+		ue := errcode.Unavailable.With("forwarding the snapshot to the leader at %s failed after %d bytes: %v",
+			endpoint, body.bytes(), err)
+		ue.RetryAfter = 1
+		return ue
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		ue := errcode.Unavailable.With("reading the leader's answer to the restore: %v", err)
+		ue.RetryAfter = 1
+		return ue
+	}
+	if resp.StatusCode != http.StatusOK {
+		var e errcode.Error
+		if json.Unmarshal(raw, &e) == nil && e.Code == errcode.NotLeader.Code {
+			if !body.used() {
+				return &forwardAgain{why: fmt.Sprintf("%s: %s", endpoint, e.Error())}
+			}
+			// Part of the upload went to a node that stopped leading: the
+			// client starts over (through this node, not the endpoint named).
+			ue := errcode.Unavailable.With("the leader changed while the snapshot was being forwarded; retry")
+			ue.RetryAfter = 1
+			return ue
+		}
+	}
+	h.Logger.Info("forwarded a snapshot restore to the leader", "leader", endpoint, "status", resp.StatusCode,
+		"bytes", body.bytes(), "took", time.Since(start))
+	for _, k := range []string{"Content-Type", wire.HeaderRetryAfter} {
+		if v := resp.Header.Get(k); v != "" {
+			w.Header().Set(k, v)
+		}
+	}
+	w.WriteHeader(resp.StatusCode)
+	_, _ = w.Write(raw)
+	return nil
+}
+
+// uploadBody is a request body that may be handed to the leader: it counts
+// what was read from it, and closing it leaves the request's body open for
+// another attempt.
+type uploadBody struct {
+	r io.Reader
+	n atomic.Int64
+	// read is set by the first Read, even one that returns nothing.
+	read atomic.Bool
+}
+
+func (b *uploadBody) Read(p []byte) (int, error) {
+	b.read.Store(true)
+	n, err := b.r.Read(p)
+	b.n.Add(int64(n))
+	return n, err
+}
+
+func (b *uploadBody) used() bool   { return b.read.Load() }
+func (b *uploadBody) bytes() int64 { return b.n.Load() }
 
 func (h *handler) tcLeader(w http.ResponseWriter, r *http.Request) error {
 	li, err := h.TC.LeaderInfo(r.Context())

@@ -3,15 +3,22 @@ package api_test
 import (
 	"bytes"
 	"context"
+	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
 
+	"github.com/raftlockd/raftlockd/auth"
 	"github.com/raftlockd/raftlockd/client"
+	"github.com/raftlockd/raftlockd/internal/testcluster"
+	"github.com/raftlockd/raftlockd/internal/testutil"
 	"github.com/raftlockd/raftlockd/wire"
 )
 
@@ -40,7 +47,7 @@ func readFile(t *testing.T, path string) []byte {
 
 func (e *env) saveSnapshot() []byte {
 	e.t.Helper()
-	r := e.do(http.MethodGet, "/v1/cluster/snapshot", nil, "")
+	r := e.operator().do(http.MethodGet, "/v1/cluster/snapshot", nil, "")
 	if r.status != http.StatusOK {
 		e.t.Fatalf("save snapshot: %d %s", r.status, r.body)
 	}
@@ -70,10 +77,7 @@ func TestSnapshotSaveRestoreRoundTrip(t *testing.T) {
 	held := e.acquire(wire.AcquireRequest{Key: "held", TTLSeconds: 60}, nil)
 
 	// Through the client: upload with Expect: 100-continue.
-	c, err := client.New(e.url, client.WithRetry(0))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := testutil.OperatorClient(t, e.url, client.WithRetry(0))
 	var progressed int64
 	res, err := c.RestoreSnapshot(context.Background(), bytes.NewReader(backup), int64(len(backup)),
 		func(done, _ int64) { progressed = done })
@@ -133,7 +137,7 @@ func TestBadSnapshotUploadIs400(t *testing.T) {
 		{"truncated", string(good[:len(good)/3]), "invalid_snapshot"},
 		{"bbolt file of another application", string(foreignBytes), "invalid_snapshot"},
 	} {
-		r := e.do(http.MethodPost, "/v1/cluster/snapshot", nil, c.body)
+		r := e.operator().do(http.MethodPost, "/v1/cluster/snapshot", nil, c.body)
 		if r.status != http.StatusBadRequest {
 			t.Fatalf("%s: %d %s, want 400", c.name, r.status, r.body)
 		}
@@ -142,16 +146,17 @@ func TestBadSnapshotUploadIs400(t *testing.T) {
 	if r := e.publicGet("default", "keep"); r.status != http.StatusOK || string(r.body) != `{"keep":true}` {
 		t.Fatalf("state after refused uploads: %d %s", r.status, r.body)
 	}
-	wantErr(t, e.do(http.MethodPut, "/v1/cluster/snapshot", nil, ""), http.StatusMethodNotAllowed, "method_not_allowed")
+	wantErr(t, e.operator().do(http.MethodPut, "/v1/cluster/snapshot", nil, ""), http.StatusMethodNotAllowed, "method_not_allowed")
 }
 
 // The operator endpoints on a one-node cluster, and their input checks.
 func TestClusterEndpointsOnOneNode(t *testing.T) {
 	e := newEnv(t)
+	op := e.operator()
 	id := e.srv.Node().ID()
 	e.commitDoc("s", `{"s":1}`)
 
-	r := e.do(http.MethodGet, "/v1/cluster/status", nil, "")
+	r := op.do(http.MethodGet, "/v1/cluster/status", nil, "")
 	var st wire.ClusterStatusResponse
 	r.json(t, &st)
 	if r.status != http.StatusOK || st.NodeID != id || st.State != "Leader" || st.LeaderID != id ||
@@ -167,44 +172,44 @@ func TestClusterEndpointsOnOneNode(t *testing.T) {
 	}
 
 	var m wire.ClusterMembersResponse
-	e.do(http.MethodGet, "/v1/cluster/members", nil, "").json(t, &m)
+	op.do(http.MethodGet, "/v1/cluster/members", nil, "").json(t, &m)
 	if len(m.Members) != 1 || m.Members[0].ID != id || m.Members[0].Suffrage != "voter" || !m.Members[0].Leader ||
 		m.Members[0].GossipStatus != "alive" || m.Members[0].Raft == nil || m.Members[0].Raft.State != "Leader" {
 		t.Fatalf("members: %+v", m)
 	}
 
 	// The only voter cannot leave; the node keeps serving.
-	wantErr(t, e.post("/v1/cluster/leave", nil, ""), http.StatusConflict, "last_voter")
-	wantErr(t, e.post("/v1/tc/cluster/leave", nil, ""), http.StatusConflict, "last_voter")
-	wantErr(t, e.post("/v1/cluster/remove-peer", nil, wire.RemovePeerRequest{ID: id}), http.StatusConflict, "last_voter")
-	wantErr(t, e.post("/v1/cluster/remove-peer", nil, wire.RemovePeerRequest{ID: "nobody"}), http.StatusNotFound, "not_found")
-	wantErr(t, e.post("/v1/cluster/remove-peer", nil, `{}`), http.StatusBadRequest, "invalid_params")
-	wantErr(t, e.post("/v1/cluster/remove-peer", nil, `{"id":"x","extra":1}`), http.StatusBadRequest, "invalid_body")
-	wantErr(t, e.do(http.MethodGet, "/v1/cluster/leave", nil, ""), http.StatusMethodNotAllowed, "method_not_allowed")
+	wantErr(t, op.post("/v1/cluster/leave", nil, ""), http.StatusConflict, "last_voter")
+	wantErr(t, op.post("/v1/tc/cluster/leave", nil, ""), http.StatusConflict, "last_voter")
+	wantErr(t, op.post("/v1/cluster/remove-peer", nil, wire.RemovePeerRequest{ID: id}), http.StatusConflict, "last_voter")
+	wantErr(t, op.post("/v1/cluster/remove-peer", nil, wire.RemovePeerRequest{ID: "nobody"}), http.StatusNotFound, "not_found")
+	wantErr(t, op.post("/v1/cluster/remove-peer", nil, `{}`), http.StatusBadRequest, "invalid_params")
+	wantErr(t, op.post("/v1/cluster/remove-peer", nil, `{"id":"x","extra":1}`), http.StatusBadRequest, "invalid_body")
+	wantErr(t, op.do(http.MethodGet, "/v1/cluster/leave", nil, ""), http.StatusMethodNotAllowed, "method_not_allowed")
 
 	// lockd's TC endpoints.
 	var lead wire.TCLeaderResponse
-	e.do(http.MethodGet, "/v1/tc/leader", nil, "").json(t, &lead)
+	op.do(http.MethodGet, "/v1/tc/leader", nil, "").json(t, &lead)
 	if lead.LeaderID != id || lead.LeaderEndpoint != e.url || lead.Term == 0 || lead.ExpiresAt < time.Now().Unix() {
 		t.Fatalf("tc leader: %+v", lead)
 	}
 	var list wire.TCClusterListResponse
-	e.do(http.MethodGet, "/v1/tc/cluster/list", nil, "").json(t, &list)
+	op.do(http.MethodGet, "/v1/tc/cluster/list", nil, "").json(t, &list)
 	if len(list.Endpoints) != 1 || list.Endpoints[0] != e.url || list.UpdatedAt == 0 {
 		t.Fatalf("tc list: %+v", list)
 	}
 	var ann wire.TCClusterAnnounceResponse
-	r = e.post("/v1/tc/cluster/announce", nil, wire.TCClusterAnnounceRequest{SelfEndpoint: e.url + "/"})
+	r = op.post("/v1/tc/cluster/announce", nil, wire.TCClusterAnnounceRequest{SelfEndpoint: e.url + "/"})
 	r.json(t, &ann)
 	if r.status != http.StatusOK || len(ann.Endpoints) != 1 || ann.ExpiresAt < time.Now().Add(50*time.Second).Unix() {
 		t.Fatalf("announce: %d %s", r.status, r.body)
 	}
-	wantErr(t, e.post("/v1/tc/cluster/announce", nil, `{}`), http.StatusBadRequest, "invalid_endpoint")
-	wantErr(t, e.post("/v1/tc/cluster/announce", nil, wire.TCClusterAnnounceRequest{SelfEndpoint: "ftp://x"}),
+	wantErr(t, op.post("/v1/tc/cluster/announce", nil, `{}`), http.StatusBadRequest, "invalid_endpoint")
+	wantErr(t, op.post("/v1/tc/cluster/announce", nil, wire.TCClusterAnnounceRequest{SelfEndpoint: "ftp://x"}),
 		http.StatusBadRequest, "invalid_endpoint")
-	wantErr(t, e.post("/v1/tc/cluster/announce", nil, wire.TCClusterAnnounceRequest{SelfEndpoint: "http://127.0.0.1:1"}),
+	wantErr(t, op.post("/v1/tc/cluster/announce", nil, wire.TCClusterAnnounceRequest{SelfEndpoint: "http://127.0.0.1:1"}),
 		http.StatusNotFound, "not_found")
-	wantErr(t, e.post("/v1/tc/cluster/leave", nil, wire.TCClusterLeaveRequest{SelfEndpoint: "http://127.0.0.1:1"}),
+	wantErr(t, op.post("/v1/tc/cluster/leave", nil, wire.TCClusterLeaveRequest{SelfEndpoint: "http://127.0.0.1:1"}),
 		http.StatusNotFound, "not_found")
 
 	// Stale reads are an opt-in; a malformed flag is a 400.
@@ -218,4 +223,81 @@ func TestClusterEndpointsOnOneNode(t *testing.T) {
 	}
 	wantErr(t, e.do(http.MethodPost, "/v1/get?public=1&stale=perhaps&key=s", nil, ""), http.StatusBadRequest, "invalid_params")
 	wantErr(t, e.do(http.MethodGet, "/v1/describe?stale=perhaps&key=s", nil, ""), http.StatusBadRequest, "invalid_params")
+}
+
+// A client that reaches only one follower (as a host reaches only the
+// published port of a container, not the leader's advertised name)
+// restores through it: the follower forwards the upload to the leader,
+// which checks and installs it as its own. Progress is reported as the
+// upload streams, every node ends with the backup's state and fencing
+// tokens keep growing.
+func TestClusterRestoreThroughAFollower(t *testing.T) {
+	c := testcluster.Start(t, 3)
+	l := c.WaitLeader(10 * time.Second)
+	f := (l + 1) % 3
+	fe := envOf(t, c.Nodes[f].Server)
+	le := envOf(t, c.Nodes[l].Server)
+
+	fe.commitDoc("a", `{"a":"backup"}`)
+	backup := fe.saveSnapshot()
+	lastA := le.commitDoc("a", `{"a":"later"}`)
+	lastB := fe.commitDoc("b", `{"b":"later"}`)
+
+	only := strings.TrimPrefix(c.URL(f), "https://")
+	var refused atomic.Int64
+	hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true,
+		TLSClientConfig: auth.ClientConfig(testutil.OperatorBundle(t, c.CA())),
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			if addr != only {
+				refused.Add(1)
+				return nil, &net.OpError{Op: "dial", Net: network, Err: fmt.Errorf("%s is out of reach", addr)}
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, network, addr)
+		}}}
+	cl, err := client.New(c.URL(f), client.WithHTTPClient(hc), client.WithRetry(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var progressed atomic.Int64
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	res, err := cl.RestoreSnapshot(ctx, bytes.NewReader(backup), int64(len(backup)),
+		func(done, _ int64) { progressed.Store(done) })
+	if err != nil {
+		t.Fatalf("restore through follower %s: %v", c.Nodes[f].Name, err)
+	}
+	if !res.Restored || res.Bytes != int64(len(backup)) || progressed.Load() != int64(len(backup)) {
+		t.Fatalf("restore answered %+v after %d bytes, want %d bytes", res, progressed.Load(), len(backup))
+	}
+	if n := refused.Load(); n != 0 {
+		t.Fatalf("the client tried %d times to reach another node than the follower", n)
+	}
+	c.WaitConverged(10 * time.Second)
+	for _, i := range c.Running() {
+		e := envOf(t, c.Nodes[i].Server)
+		if r := e.publicGet("default", "a"); r.status != http.StatusOK || string(r.body) != `{"a":"backup"}` {
+			t.Fatalf("a on %s after restore: %d %s", c.Nodes[i].Name, r.status, r.body)
+		}
+		if r := e.publicGet("default", "b"); r.status != http.StatusNoContent {
+			t.Fatalf("b (written after the backup) on %s after restore: %d %s", c.Nodes[i].Name, r.status, r.body)
+		}
+	}
+	for key, last := range map[string]int64{"a": lastA, "b": lastB} {
+		if next := fe.commitDoc(key, `{"after":"restore"}`); next <= last {
+			t.Fatalf("%s: token %d after restore, but %d was issued before it", key, next, last)
+		}
+	}
+
+	// The leader's checks apply to a forwarded upload, and its answer
+	// reaches the client unchanged.
+	wantErr(t, fe.operator().do(http.MethodPost, "/v1/cluster/snapshot", nil, "this is not a snapshot"),
+		http.StatusBadRequest, "invalid_snapshot")
+	wantErr(t, fe.operator().do(http.MethodPost, "/v1/cluster/snapshot", nil, ""), http.StatusBadRequest, "missing_body")
+	// A forwarded upload is never forwarded again: a follower refuses it.
+	wantErr(t, fe.operator().do(http.MethodPost, "/v1/cluster/snapshot", map[string]string{"X-Raftlockd-Forwarded-By": "other"},
+		string(backup)), http.StatusServiceUnavailable, "not_leader")
+	if r := fe.publicGet("default", "a"); r.status != http.StatusOK || string(r.body) != `{"after":"restore"}` {
+		t.Fatalf("a after refused uploads: %d %s", r.status, r.body)
+	}
 }

@@ -18,6 +18,7 @@ import (
 // conditional updates chained from the previous response).
 type lockdSession struct {
 	t         *testing.T
+	hc        *http.Client
 	base      string
 	namespace string
 	key       string
@@ -30,7 +31,7 @@ type lockdSession struct {
 
 func (s *lockdSession) send(req *http.Request) (*http.Response, []byte) {
 	s.t.Helper()
-	res, err := http.DefaultClient.Do(req)
+	res, err := s.hc.Do(req)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -173,7 +174,7 @@ func (s *lockdSession) release(rollback bool) {
 
 func TestLockdClientTranscript(t *testing.T) {
 	e := newEnv(t)
-	s := &lockdSession{t: t, base: e.url, namespace: "default", key: "orders/alpha"}
+	s := &lockdSession{t: t, hc: e.hc, base: e.url, namespace: "default", key: "orders/alpha"}
 	s.acquire("worker-1", 30)
 	if status, _ := s.get(); status != http.StatusNoContent {
 		t.Fatalf("get of a fresh key: %d", status)
@@ -199,7 +200,7 @@ func TestLockdClientTranscript(t *testing.T) {
 	}
 
 	// A second session sees the committed state and can remove it.
-	s2 := &lockdSession{t: t, base: e.url, namespace: "default", key: "orders/alpha"}
+	s2 := &lockdSession{t: t, hc: e.hc, base: e.url, namespace: "default", key: "orders/alpha"}
 	s2.acquire("worker-2", 30)
 	if s2.version != 1 || s2.etag != d.StateETag {
 		t.Fatalf("second acquire does not carry the committed version: %d %q", s2.version, s2.etag)

@@ -2,7 +2,9 @@ package client
 
 import (
 	"context"
+	"crypto/x509"
 	"encoding/json"
+	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
@@ -16,8 +18,9 @@ import (
 	"github.com/raftlockd/raftlockd/wire"
 )
 
-// Stale reads, cluster administration, backups and lockd's TC membership
-// endpoints.
+// Stale reads, cluster administration, backups, lockd's TC membership
+// endpoints and the island's access lists (certificate denylist, trusted
+// CAs).
 
 // GetPublicStale reads the committed document of a key from the serving
 // node's local state, without confirming with the leader: it may miss the
@@ -89,9 +92,11 @@ func (c *Client) SaveSnapshot(ctx context.Context, w io.Writer, progress Progres
 
 // RestoreSnapshot replaces the whole cluster's state with a snapshot of
 // size bytes read from src (as SaveSnapshot wrote it). Only the leader
-// restores: a follower's not_leader answer names the leader and the upload
-// goes there instead. Each attempt first asks with Expect: 100-continue, so
-// the file is sent only to a node that accepts it.
+// restores; any other node forwards the upload to the leader itself, so
+// any node serves a restore. A server that answers not_leader instead (one
+// that does not forward) names the leader, and the upload goes there. Each
+// attempt first asks with Expect: 100-continue, so the file is sent only to
+// a node that accepts it.
 func (c *Client) RestoreSnapshot(ctx context.Context, src io.ReadSeeker, size int64, progress Progress) (*wire.RestoreResponse, error) {
 	base := c.base
 	deadline := time.Now().Add(c.retryFor)
@@ -212,5 +217,52 @@ func (c *Client) TCLeave(ctx context.Context, self string) (*wire.TCClusterLeave
 	body, _ := json.Marshal(wire.TCClusterLeaveRequest{SelfEndpoint: self})
 	var out wire.TCClusterLeaveResponse
 	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/tc/cluster/leave", body: body}, &out)
+	return &out, err
+}
+
+// Revoke puts the certificate with serial (hex) on the island's replicated
+// denylist: from the moment a node has applied it, requests presenting
+// that certificate fail with certificate_revoked. Revoking a serial twice
+// changes nothing (Changed is false).
+func (c *Client) Revoke(ctx context.Context, serial, reason string) (*wire.RevokeResponse, error) {
+	body, _ := json.Marshal(wire.RevokeRequest{Serial: serial, Reason: reason})
+	var out wire.RevokeResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/auth/revoke", body: body, idempotent: true}, &out)
+	return &out, err
+}
+
+// Revocations lists the denylist.
+func (c *Client) Revocations(ctx context.Context) (*wire.RevocationsResponse, error) {
+	var out wire.RevocationsResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodGet, path: "/v1/auth/revoked", idempotent: true}, &out)
+	return &out, err
+}
+
+// Trust adds the CA certificate ca to the island's trust list under name
+// (default: its common name): servers of that CA may then call the
+// island's coordinator and resource-manager endpoints, and its TC clients
+// the coordinator's client endpoints. Only the certificate is sent.
+func (c *Client) Trust(ctx context.Context, name string, ca *x509.Certificate) (*wire.TrustResponse, error) {
+	certPEM := pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: ca.Raw})
+	return c.changeTrust(ctx, wire.TrustRequest{Name: name, CertPEM: string(certPEM)})
+}
+
+// Untrust drops the CA with fingerprint (hex SHA-256 of its certificate)
+// from the trust list.
+func (c *Client) Untrust(ctx context.Context, fingerprint string) (*wire.TrustResponse, error) {
+	return c.changeTrust(ctx, wire.TrustRequest{Fingerprint: fingerprint, Remove: true})
+}
+
+func (c *Client) changeTrust(ctx context.Context, req wire.TrustRequest) (*wire.TrustResponse, error) {
+	body, _ := json.Marshal(req)
+	var out wire.TrustResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/tc/trust", body: body, idempotent: true}, &out)
+	return &out, err
+}
+
+// TrustedCAs lists the trust list.
+func (c *Client) TrustedCAs(ctx context.Context) (*wire.TrustListResponse, error) {
+	var out wire.TrustListResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodGet, path: "/v1/tc/trust", idempotent: true}, &out)
 	return &out, err
 }

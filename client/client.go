@@ -2,12 +2,15 @@
 // HTTP API (types from package wire), retries what is safe to retry while a
 // cluster elects a leader, and gives every acquire an idempotency key so that
 // a retry after a lost response returns the lease the first attempt got
-// instead of queueing behind it. The CLI and the benchmark tool use it.
+// instead of queueing behind it. A call whose context has a deadline sends
+// it along (X-Raftlockd-Timeout), so the server gives up when the caller
+// does. The CLI and the benchmark tool use it.
 package client
 
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -21,6 +24,7 @@ import (
 
 	"github.com/rs/xid"
 
+	"github.com/raftlockd/raftlockd/auth"
 	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/wire"
 )
@@ -38,6 +42,22 @@ type Option func(*Client)
 
 // WithHTTPClient sets the HTTP client (for TLS settings or timeouts).
 func WithHTTPClient(h *http.Client) Option { return func(c *Client) { c.http = h } }
+
+// WithTLS dials the server with cfg (for mTLS: the client certificate to
+// present and the CA to check the server against).
+func WithTLS(cfg *tls.Config) Option {
+	return func(c *Client) {
+		if t, ok := c.http.Transport.(*http.Transport); ok {
+			t = t.Clone()
+			t.TLSClientConfig = cfg
+			c.http = &http.Client{Transport: t, Timeout: c.http.Timeout}
+		}
+	}
+}
+
+// WithBundle presents bundle b's certificate and trusts b's CA: how
+// raftlockd's mTLS is used (see `raftlockd auth`).
+func WithBundle(b *auth.Bundle) Option { return WithTLS(auth.ClientConfig(b)) }
 
 // WithNamespace sets the namespace used when a call names none.
 func WithNamespace(ns string) Option { return func(c *Client) { c.namespace = ns } }
@@ -147,6 +167,12 @@ func (c *Client) once(ctx context.Context, cl call) (*http.Response, error) {
 	if cl.body != nil && req.Header.Get("Content-Type") == "" {
 		req.Header.Set("Content-Type", "application/json")
 	}
+	// The server, and the leader it forwards to, give up when the caller does.
+	if d, ok := ctx.Deadline(); ok {
+		if left := time.Until(d).Truncate(time.Millisecond); left > 0 {
+			req.Header.Set(wire.HeaderTimeout, min(left, 24*time.Hour).String())
+		}
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("client: %s %s: %w", cl.method, cl.path, err)
@@ -154,11 +180,16 @@ func (c *Client) once(ctx context.Context, cl call) (*http.Response, error) {
 	return checkStatus(resp)
 }
 
+// maxErrorBytes bounds the error envelope read from a response. The
+// envelope of a failed UTXO batch lists every failed item, so it may be as
+// large as the batch.
+const maxErrorBytes = 32 << 20
+
 // checkStatus turns a response of 300 or above into an *Error (closing it).
 func checkStatus(resp *http.Response) (*http.Response, error) {
 	if resp.StatusCode >= 300 {
 		defer resp.Body.Close()
-		raw, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+		raw, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorBytes))
 		e := &errcode.Error{}
 		if json.Unmarshal(raw, e) != nil || e.Code == "" {
 			e = &errcode.Error{Code: "http_" + strconv.Itoa(resp.StatusCode), Detail: strings.TrimSpace(string(raw))}

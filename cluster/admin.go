@@ -5,11 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
 
 	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/fsm"
 )
 
 // RemovePeer takes server id out of the voter set, through the leader.
@@ -47,6 +50,9 @@ func (n *Node) removeLocal(ctx context.Context, id string) error {
 	if onlyVoter(servers, id) {
 		return errcode.LastVoter.With("server %s is the cluster's only voter", id)
 	}
+	if err := n.checkLiveMajority(ctx, servers, id); err != nil {
+		return err
+	}
 	timeout := 10 * time.Second
 	if d, ok := ctx.Deadline(); ok {
 		timeout = max(time.Until(d), time.Millisecond)
@@ -63,6 +69,74 @@ func (n *Node) removeLocal(ctx context.Context, id string) error {
 		return n.raftErr(err)
 	}
 	return nil
+}
+
+// peerCheckTimeout bounds how long the leader waits for a voter to answer
+// before it counts the voter as not live.
+const peerCheckTimeout = 2 * time.Second
+
+// checkLiveMajority refuses (last_voter, 409) to remove voter id when fewer
+// of the remaining voters than a majority of them answer this node: the
+// smaller configuration could commit nothing, not even a change back.
+func (n *Node) checkLiveMajority(ctx context.Context, servers []raft.Server, id string) error {
+	if !isVoter(servers, id) {
+		return nil
+	}
+	var rest []raft.Server
+	for _, s := range servers {
+		if s.Suffrage == raft.Voter && s.ID != raft.ServerID(id) {
+			rest = append(rest, s)
+		}
+	}
+	need := len(rest)/2 + 1
+	live := n.liveVoters(ctx, rest)
+	if live < need {
+		return errcode.LastVoter.With("removing %s would leave %d live voter(s) of %d, fewer than the %d a quorum needs",
+			id, live, len(rest), need)
+	}
+	return nil
+}
+
+// liveVoters counts the servers that answer a status request (this node
+// counts without asking).
+func (n *Node) liveVoters(ctx context.Context, servers []raft.Server) int {
+	ctx, cancel := context.WithTimeout(ctx, peerCheckTimeout)
+	defer cancel()
+	var live atomic.Int64
+	var wg sync.WaitGroup
+	for _, s := range servers {
+		if s.ID == raft.ServerID(n.cfg.NodeID) {
+			live.Add(1)
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, err := n.PeerStatus(ctx, string(s.Address)); err == nil {
+				live.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	return int(live.Load())
+}
+
+// MaxVoters is the island's voter high-water mark: the most voters its
+// leaders have seen alive at once (replicated; 0 until recorded).
+func (n *Node) MaxVoters() int {
+	var v int
+	_ = n.fsm.View(func(view *fsm.View) error { v = view.MaxVoters(); return nil })
+	return v
+}
+
+// QuorumFloor is the fewest voters dead-server cleanup may leave: a
+// majority of MaxVoters, or this node's configured minimum if that is more.
+func (n *Node) QuorumFloor() int {
+	floor := n.MaxVoters()/2 + 1
+	if n.gossip != nil {
+		floor = max(floor, n.gossip.cfg.MinQuorum)
+	}
+	return floor
 }
 
 // onlyVoter reports whether id is the one voter among servers.
@@ -128,9 +202,13 @@ func (n *Node) PeerStatus(ctx context.Context, addr string) (Status, error) {
 	if addr == n.RaftAddr() {
 		return n.Status(), nil
 	}
+	// A call given up on may still have its reply written later: st is not
+	// read unless the call completed.
 	var st Status
-	err := n.peers.call(ctx, addr, "Stats", StatsArgs{}, &st)
-	return st, err
+	if err := n.peers.call(ctx, addr, "Stats", StatsArgs{}, &st); err != nil {
+		return Status{}, err
+	}
+	return st, nil
 }
 
 // Bootstrap starts a new cluster with servers as its voters. It may only be

@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log"
 	"log/slog"
+	"math/rand/v2"
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -28,6 +31,13 @@ type GossipConfig struct {
 	BootstrapExpect int
 	// ClusterName labels gossip traffic; members of other clusters are ignored.
 	ClusterName string
+	// SecretKey (16, 24 or 32 bytes) encrypts and authenticates gossip:
+	// a node without it cannot take part. Empty: gossip is plain.
+	SecretKey []byte
+	// AcceptKeys are further keys gossip from others may be encrypted
+	// with (while a cluster moves to a new key); this node sends with
+	// SecretKey.
+	AcceptKeys [][]byte
 	// APIEndpoint is this node's HTTP API endpoint, published to its peers.
 	APIEndpoint string
 	// DeadServerTimeout is how long a server must stay unreachable before
@@ -36,7 +46,10 @@ type GossipConfig struct {
 	// ServerStabilization is how long a new server must stay healthy before
 	// it is promoted to voter.
 	ServerStabilization time.Duration
-	// MinQuorum is the fewest voters dead-server cleanup may leave.
+	// MinQuorum raises the fewest voters dead-server cleanup may leave
+	// while this node leads; 0 leaves it at the island's floor, a majority
+	// of the most voters the island has had alive (replicated, so every
+	// leader uses the same floor).
 	MinQuorum int
 	// PilotInterval paces the leader's membership reconciliation.
 	PilotInterval time.Duration
@@ -53,12 +66,6 @@ func (c *GossipConfig) defaults() {
 	}
 	if c.ServerStabilization == 0 {
 		c.ServerStabilization = 3 * time.Second
-	}
-	if c.MinQuorum == 0 {
-		c.MinQuorum = 1
-		if c.BootstrapExpect > 1 {
-			c.MinQuorum = c.BootstrapExpect/2 + 1
-		}
 	}
 	if c.PilotInterval == 0 {
 		c.PilotInterval = time.Second
@@ -89,9 +96,10 @@ type Member struct {
 }
 
 type gossip struct {
-	n   *Node
-	cfg GossipConfig
-	ml  *memberlist.Memberlist
+	n       *Node
+	cfg     GossipConfig
+	ml      *memberlist.Memberlist
+	keyring *memberlist.Keyring // nil when gossip is not encrypted
 
 	mu      sync.Mutex
 	members map[string]*Member
@@ -100,22 +108,40 @@ type gossip struct {
 
 	self         atomic.Pointer[memberMeta]
 	joined       atomic.Bool
-	bootstrapped atomic.Bool // this node started the cluster
-	done         chan struct{}
-	wg           sync.WaitGroup
-	pilot        *pilot
+	bootstrapped atomic.Bool  // this node started the cluster
+	bootVoters   atomic.Int64 // voters of the configuration this node bootstrapped
+	tooMany      atomic.Int64 // servers seen waiting for the same bootstrap, when more than expected
+	tooManyLog   time.Time    // last time that was logged (bootstrapLoop only)
+
+	promiseMu sync.Mutex
+	promise   bootstrapPromise // the bootstrap configuration this server agreed to
+
+	ctx    context.Context // ends when gossip closes
+	cancel context.CancelFunc
+	done   chan struct{}
+	wg     sync.WaitGroup
+	pilot  *pilot
 }
 
 func startGossip(n *Node, cfg GossipConfig) (*gossip, error) {
 	cfg.defaults()
 	g := &gossip{n: n, cfg: cfg, members: map[string]*Member{}, missing: map[string]time.Time{}, removed: map[string]bool{},
 		done: make(chan struct{})}
+	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.self.Store(&memberMeta{ID: n.cfg.NodeID, API: cfg.APIEndpoint, Raft: n.RaftAddr(), Expect: cfg.BootstrapExpect,
 		State: n.HasState(), Backend: n.fsm.BackendHash(), Run: newBackendHash()})
 
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = n.cfg.NodeID
 	mc.Label = cfg.ClusterName
+	if len(cfg.SecretKey) > 0 {
+		kr, err := memberlist.NewKeyring(cfg.AcceptKeys, cfg.SecretKey)
+		if err != nil {
+			return nil, fmt.Errorf("cluster: gossip key: %w", err)
+		}
+		mc.Keyring, g.keyring = kr, kr
+		mc.GossipVerifyIncoming, mc.GossipVerifyOutgoing = true, true
+	}
 	host, port, err := splitHostPort(cfg.Bind)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: gossip bind address: %w", err)
@@ -140,12 +166,18 @@ func startGossip(n *Node, cfg GossipConfig) (*gossip, error) {
 	g.pilot = newPilot(g)
 	g.ml, err = memberlist.Create(mc)
 	if err != nil {
+		g.cancel()
 		return nil, fmt.Errorf("cluster: start gossip on %s: %w", cfg.Bind, err)
 	}
-	g.wg.Add(3)
+	g.wg.Add(5)
 	go g.joinLoop()
 	go g.bootstrapLoop()
 	go g.refreshLoop()
+	go g.reconnectLoop(5 * mc.ProbeInterval)
+	go func() {
+		defer g.wg.Done()
+		g.pilot.run(g.done)
+	}()
 	return g, nil
 }
 
@@ -253,11 +285,16 @@ func (g *gossip) joinLoop() {
 	}
 }
 
-// bootstrapLoop starts a new cluster, once: when BootstrapExpect servers
-// without Raft state see each other, the one with the lowest id bootstraps
-// them all as voters; the others are contacted by the new leader. A node
-// that already has state, or that sees a member with state, never
-// bootstraps, so restarting with the same flags cannot split the cluster.
+// bootstrapLoop starts a new cluster, once: when exactly BootstrapExpect
+// servers without Raft state and expecting as many see each other, the one
+// with the lowest id asks every other one, over the cluster port, to promise
+// that it has no Raft state and joins no other bootstrap (bootstrapPromise),
+// and bootstraps them all as voters once all have; the others are contacted
+// by the new leader. When more servers than expected wait, nothing
+// bootstraps: which of them would form the cluster is not decided by
+// anything they all agree on. A node that already has state, or that sees a
+// member with state, never bootstraps, so restarting with the same flags
+// cannot split the cluster.
 func (g *gossip) bootstrapLoop() {
 	defer g.wg.Done()
 	expect := g.cfg.BootstrapExpect
@@ -273,23 +310,171 @@ func (g *gossip) bootstrapLoop() {
 			if !ok {
 				return // a cluster exists; its leader will add this node
 			}
-			if len(servers) >= expect && servers[0].ID == raft.ServerID(g.n.cfg.NodeID) {
-				if err := g.n.Bootstrap(servers); err != nil {
-					g.n.cfg.Logger.Warn("bootstrap failed", "error", err)
+			switch {
+			case len(servers) > expect:
+				g.reportTooMany(servers, expect)
+			case len(servers) == expect && servers[0].ID == raft.ServerID(g.n.cfg.NodeID):
+				g.tooMany.Store(0)
+				if err := g.bootstrap(servers); err != nil {
+					g.n.cfg.Logger.Info("bootstrap not agreed yet; retrying", "reason", err)
 				} else {
 					g.n.cfg.Logger.Info("bootstrapped a new cluster", "voters", len(servers))
+					g.bootVoters.Store(int64(len(servers)))
 					g.bootstrapped.Store(true)
 					g.refresh()
 					return
 				}
+			default:
+				g.tooMany.Store(0)
 			}
 		}
+		// Two servers that each saw a different set start their attempts
+		// at different moments.
 		select {
 		case <-g.done:
 			return
-		case <-time.After(200 * time.Millisecond):
+		case <-time.After(200*time.Millisecond + time.Duration(rand.Int64N(int64(100*time.Millisecond)))):
 		}
 	}
+}
+
+// reportTooMany tells the operator, every 10 seconds at most, that more
+// servers wait for this bootstrap than it expects.
+func (g *gossip) reportTooMany(servers []raft.Server, expect int) {
+	g.tooMany.Store(int64(len(servers)))
+	if time.Since(g.tooManyLog) < 10*time.Second {
+		return
+	}
+	g.tooManyLog = time.Now()
+	ids := make([]string, len(servers))
+	for i, s := range servers {
+		ids[i] = string(s.ID)
+	}
+	g.n.cfg.Logger.Error(fmt.Sprintf("%d servers without Raft state wait for a bootstrap of %d (--bootstrap-expect %d); "+
+		"none will bootstrap until exactly %d do: start the extra servers with --bootstrap-expect 0, "+
+		"they join once the cluster exists", len(servers), expect, expect, expect), "servers", ids)
+}
+
+// bootstrapPromiseTTL bounds how long a server stays promised to a
+// bootstrap configuration whose initiator has not contacted it since.
+const bootstrapPromiseTTL = 10 * time.Second
+
+// bootstrapPromise is a server's agreement to be bootstrapped only into the
+// configuration named by key, until the time given.
+type bootstrapPromise struct {
+	key   string
+	until time.Time
+}
+
+// configKey names a bootstrap configuration: its servers' ids and Raft
+// addresses, in order.
+func configKey(servers []raft.Server) string {
+	parts := make([]string, len(servers))
+	for i, s := range servers {
+		parts[i] = string(s.ID) + "@" + string(s.Address)
+	}
+	slices.Sort(parts)
+	return strings.Join(parts, ",")
+}
+
+// grantPromise promises that this server will take part in no bootstrap
+// but servers' until the promise expires, if it has no Raft state, expects
+// a cluster of that size, is named in it with its own Raft address, sees no
+// member with state and no other server waiting for the same bootstrap, and
+// has promised no other configuration.
+func (g *gossip) grantPromise(servers []raft.Server) error {
+	self := raft.ServerID(g.n.cfg.NodeID)
+	if g.n.HasState() {
+		return fmt.Errorf("%s already has Raft state", self)
+	}
+	expect := g.cfg.BootstrapExpect
+	if expect != len(servers) {
+		return fmt.Errorf("%s expects %d servers, the configuration names %d", self, expect, len(servers))
+	}
+	named := map[string]bool{}
+	for _, s := range servers {
+		named[string(s.ID)] = true
+		if s.ID == self && s.Address != raft.ServerAddress(g.n.RaftAddr()) {
+			return fmt.Errorf("%s listens for Raft at %s, not %s", self, g.n.RaftAddr(), s.Address)
+		}
+	}
+	if !named[string(self)] {
+		return fmt.Errorf("%s is not in the configuration", self)
+	}
+	g.mu.Lock()
+	for _, m := range g.members {
+		switch {
+		case m.Status != "alive":
+		case m.meta.State:
+			g.mu.Unlock()
+			return fmt.Errorf("%s sees %s, which belongs to a cluster", self, m.ID)
+		case m.meta.Expect == expect && !named[m.ID]:
+			g.mu.Unlock()
+			return fmt.Errorf("%s sees %s waiting for the same bootstrap", self, m.ID)
+		}
+	}
+	g.mu.Unlock()
+	key := configKey(servers)
+	now := time.Now()
+	g.promiseMu.Lock()
+	defer g.promiseMu.Unlock()
+	if g.promise.key != "" && g.promise.key != key && now.Before(g.promise.until) {
+		return fmt.Errorf("%s promised another bootstrap configuration (%s)", self, g.promise.key)
+	}
+	g.promise = bootstrapPromise{key: key, until: now.Add(bootstrapPromiseTTL)}
+	return nil
+}
+
+// releasePromise withdraws a promise to the configuration named by key.
+func (g *gossip) releasePromise(key string) {
+	g.promiseMu.Lock()
+	defer g.promiseMu.Unlock()
+	if g.promise.key == key {
+		g.promise = bootstrapPromise{}
+	}
+}
+
+// bootstrap gathers every server's promise for servers, this one's first,
+// and bootstraps them once all have promised; otherwise it releases the
+// promises it gathered.
+func (g *gossip) bootstrap(servers []raft.Server) error {
+	self := raft.ServerID(g.n.cfg.NodeID)
+	if err := g.grantPromise(servers); err != nil {
+		return err
+	}
+	key := configKey(servers)
+	var granted []raft.Server
+	var failure error
+	for _, s := range servers {
+		if s.ID == self {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(g.ctx, 2*time.Second)
+		var reply PromiseReply
+		err := g.n.peers.call(ctx, string(s.Address), "Promise", PromiseArgs{Servers: servers}, &reply)
+		cancel()
+		if err == nil && reply.Refused != "" {
+			err = errors.New(reply.Refused)
+		}
+		if err != nil {
+			failure = fmt.Errorf("%s did not promise: %w", s.ID, err)
+			break
+		}
+		granted = append(granted, s)
+	}
+	if failure == nil && g.n.HasState() {
+		failure = fmt.Errorf("%s already has Raft state", self)
+	}
+	if failure != nil {
+		g.releasePromise(key)
+		for _, s := range granted {
+			ctx, cancel := context.WithTimeout(g.ctx, time.Second)
+			_ = g.n.peers.call(ctx, string(s.Address), "Promise", PromiseArgs{Servers: servers, Release: true}, &PromiseReply{})
+			cancel()
+		}
+		return failure
+	}
+	return g.n.Bootstrap(servers)
 }
 
 // bootstrapSet lists the alive servers waiting for the same bootstrap,
@@ -319,6 +504,49 @@ func (g *gossip) bootstrapSet(expect int) ([]raft.Server, bool) {
 		return 0
 	})
 	return servers, true
+}
+
+// reconnectLoop heals gossip after a partition. memberlist stops talking
+// to a member it has declared dead, so two sides of a network split that
+// lasted longer than failure detection would never hear of each other
+// again, and the leader would eventually remove healthy voters. Every
+// interval, this node asks each Raft server that gossip holds dead (and
+// that was not removed on purpose) to join it; a member that answers
+// refutes its death and both sides see it alive again.
+func (g *gossip) reconnectLoop(interval time.Duration) {
+	defer g.wg.Done()
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-g.done:
+			return
+		case <-t.C:
+		}
+		servers, err := g.n.Servers()
+		if err != nil {
+			continue
+		}
+		var addrs []string
+		g.mu.Lock()
+		for _, s := range servers {
+			m := g.members[string(s.ID)]
+			if m != nil && m.Status == "dead" && !g.removed[m.ID] && string(s.ID) != g.n.cfg.NodeID {
+				addrs = append(addrs, m.GossipAddr)
+			}
+		}
+		g.mu.Unlock()
+		for _, a := range addrs {
+			select {
+			case <-g.done:
+				return
+			default:
+			}
+			if _, err := g.ml.Join([]string{a}); err == nil {
+				g.n.cfg.Logger.Info("gossip reached a member it had declared dead", "addr", a)
+			}
+		}
+	}
 }
 
 // refreshLoop republishes this node's metadata when it changes.
@@ -409,20 +637,15 @@ func (g *gossip) addr() string { return g.ml.LocalNode().Address() }
 func (g *gossip) leave(timeout time.Duration) error { return g.ml.Leave(timeout) }
 
 func (g *gossip) close() {
+	g.cancel()
 	close(g.done)
-	g.pilot.stop()
 	g.wg.Wait()
 	_ = g.ml.Shutdown()
 }
 
-// leaderChanged starts or stops the leader's membership management.
-func (g *gossip) leaderChanged(isLeader bool) {
-	if isLeader {
-		g.pilot.start()
-	} else {
-		g.pilot.stop()
-	}
-}
+// leaderChanged starts or stops the leader's membership management, on the
+// pilot's own goroutine: it does not block.
+func (g *gossip) leaderChanged(isLeader bool) { g.pilot.setLeader(isLeader) }
 
 // memberlistLog turns memberlist's "[LEVEL] memberlist: message" lines
 // into slog records.
@@ -439,4 +662,36 @@ func (m memberlistLog) Write(p []byte) (int, error) {
 	}
 	m.log.Log(context.Background(), level, string(bytes.TrimPrefix(line, []byte("memberlist: "))))
 	return len(p), nil
+}
+
+// UseGossipKey makes key the one gossip is encrypted with and accept the
+// further keys it reads (members that have not switched to key yet are
+// understood as long as their key is among them); keys named by neither
+// are no longer read. A node without gossip encryption ignores it.
+func (n *Node) UseGossipKey(key []byte, accept ...[]byte) error {
+	if n.gossip == nil || len(key) == 0 {
+		return nil
+	}
+	kr := n.gossip.keyring
+	if kr == nil {
+		return nil
+	}
+	keep := append([][]byte{key}, accept...)
+	for _, k := range keep {
+		if err := kr.AddKey(k); err != nil {
+			return fmt.Errorf("cluster: gossip key: %w", err)
+		}
+	}
+	if err := kr.UseKey(key); err != nil {
+		return fmt.Errorf("cluster: gossip key: %w", err)
+	}
+	// Keys the bundle no longer names are no longer read.
+	for _, k := range kr.GetKeys() {
+		if !slices.ContainsFunc(keep, func(want []byte) bool { return bytes.Equal(want, k) }) {
+			if err := kr.RemoveKey(k); err != nil {
+				return fmt.Errorf("cluster: gossip key: %w", err)
+			}
+		}
+	}
+	return nil
 }

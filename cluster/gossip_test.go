@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"strconv"
 	"testing"
@@ -37,7 +38,8 @@ func gossipConfig(t *testing.T, id string, expect int, join []string) Config {
 	cfg.NodeID = id
 	cfg.Bootstrap = false
 	cfg.RaftBind = freeAddr(t)
-	cfg.Gossip = &GossipConfig{Bind: freeAddr(t), Join: join, BootstrapExpect: expect, APIEndpoint: "http://" + id,
+	cfg.Gossip = &GossipConfig{Bind: freeAddr(t), Join: join, BootstrapExpect: expect, APIEndpoint: "https://" + id,
+		SecretKey:         testCA().GossipKey,
 		DeadServerTimeout: time.Second, ServerStabilization: 200 * time.Millisecond, PilotInterval: 100 * time.Millisecond,
 		Tune: fastGossip}
 	return cfg
@@ -112,7 +114,7 @@ func TestGossipBootstrapsOneClusterAndManagesVoters(t *testing.T) {
 	waitFor(t, 5*time.Second, "metadata to spread", func() bool {
 		for _, n := range nodes {
 			for _, m := range n.Members() {
-				if m.Backend == "" || m.Backend != leader.fsm.BackendHash() || m.API != "http://"+m.ID {
+				if m.Backend == "" || m.Backend != leader.fsm.BackendHash() || m.API != "https://"+m.ID {
 					return false
 				}
 			}
@@ -172,5 +174,31 @@ func TestRestartedNodeRejoinsWithoutHelp(t *testing.T) {
 	}
 	if v := voters(t, leader); len(v) != 3 || !v[back.ID()] {
 		t.Fatalf("voters after restart %v", v)
+	}
+}
+
+// UseGossipKey sends with the key it is given, reads the accepted ones as
+// well, and stops reading every other key.
+func TestUseGossipKeyKeepsOnlyTheNamedKeys(t *testing.T) {
+	cfg := gossipConfig(t, "keys", 0, nil)
+	old, next := bytes.Repeat([]byte{1}, 32), bytes.Repeat([]byte{2}, 32)
+	cfg.Gossip.SecretKey, cfg.Gossip.AcceptKeys = old, [][]byte{next}
+	n := openNode(t, cfg)
+	kr := n.gossip.keyring
+	keys := func() int { return len(kr.GetKeys()) }
+	if !bytes.Equal(kr.GetPrimaryKey(), old) || keys() != 2 {
+		t.Fatalf("at start: %d keys", keys())
+	}
+	if err := n.UseGossipKey(next, old); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(kr.GetPrimaryKey(), next) || keys() != 2 {
+		t.Fatalf("switched with the old key accepted: %d keys", keys())
+	}
+	if err := n.UseGossipKey(next); err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(kr.GetPrimaryKey(), next) || keys() != 1 {
+		t.Fatalf("the old key dropped: %d keys", keys())
 	}
 }

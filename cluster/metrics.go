@@ -16,6 +16,7 @@ type nodeMetrics struct {
 	leaderChanges  prometheus.Counter
 	storeSeconds   prometheus.Histogram
 	forwarded      prometheus.Counter
+	grantsPushed   prometheus.Counter
 }
 
 func newNodeMetrics(reg prometheus.Registerer, n *Node) *nodeMetrics {
@@ -34,13 +35,15 @@ func newNodeMetrics(reg prometheus.Registerer, n *Node) *nodeMetrics {
 			Buckets: prometheus.ExponentialBuckets(0.00005, 2, 14)}),
 		forwarded: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "raftlockd_raft_forwarded_total", Help: "Commands this node forwarded to the leader."}),
+		grantsPushed: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "raftlockd_grants_pushed_total", Help: "Grants the leader sent to the servers their acquirers wait on."}),
 		leaderChanges: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "raftlockd_raft_leadership_changes_total", Help: "Leadership gained or lost by this node."}),
 	}
 	if reg == nil {
 		return m
 	}
-	reg.MustRegister(m.applyBatch, m.applySeconds, m.proposeSeconds, m.leaderChanges, m.storeSeconds, m.forwarded,
+	reg.MustRegister(m.applyBatch, m.applySeconds, m.proposeSeconds, m.leaderChanges, m.storeSeconds, m.forwarded, m.grantsPushed,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "raftlockd_raft_is_leader", Help: "1 when this node leads."},
 			func() float64 {
 				if n.IsLeader() {

@@ -7,6 +7,7 @@
 package cluster
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +16,7 @@ import (
 	"net/rpc"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -53,12 +55,18 @@ type Config struct {
 	// LeaderWait bounds how long a request waits for a leader to appear.
 	LeaderWait time.Duration
 
-	FSM        fsm.Options
+	FSM fsm.Options
+	// Grants receives the grants the leader pushes for acquirers waiting
+	// on this server (the same observer that waits for the local state
+	// machine's events).
+	Grants     fsm.Observer
 	Clock      Clock
 	Logger     *slog.Logger
 	Registerer prometheus.Registerer
 	// Network carries Raft and forwarded requests; default TCP.
 	Network Network
+	// TLS, when set, runs every internal connection over mutual TLS.
+	TLS PeerTLS
 	// Gossip, when set, discovers peers, bootstraps new clusters and lets
 	// the leader manage the voter set.
 	Gossip *GossipConfig
@@ -98,6 +106,9 @@ func (c *Config) defaults() {
 	if c.Network == nil {
 		c.Network = TCP{}
 	}
+	if c.TLS != nil {
+		c.Network = tlsNetwork{inner: c.Network, tls: c.TLS}
+	}
 }
 
 // Directory maps node ids to the API endpoints clients should use; the
@@ -122,8 +133,12 @@ type Node struct {
 	leader    atomic.Bool
 	readyTerm atomic.Uint64 // term whose first no-op is applied: reads are safe in it
 	stamps    stampClock
-	watchMu   sync.Mutex
+	watchMu   sync.Mutex // guards watchers, onLeft and leaderCh; never held while calling out
 	watchers  []func(isLeader bool)
+	// callMu orders leadership deliveries: it is held while watchers are
+	// called, and only OnLeadership and watchLeadership take it, so a slow
+	// watcher never holds up a request waiting for a leader.
+	callMu    sync.Mutex
 	onLeft    []func()      // called after this node left the cluster
 	restoreMu sync.RWMutex  // held by a restore; proposals take it shared to enqueue
 	closing   atomic.Bool   // set (under restoreMu) before raft shuts down: nothing more is enqueued
@@ -133,6 +148,10 @@ type Node struct {
 	observer  *raft.Observer
 	done      chan struct{}
 	wg        sync.WaitGroup
+	life      context.Context // ends when Close begins waiting for the node's goroutines
+	endLife   context.CancelFunc
+	spawnMu   sync.Mutex
+	spawnEnd  bool // set by Close: spawn starts nothing more
 	closeOnce sync.Once
 	closeErr  error
 }
@@ -151,7 +170,8 @@ func Open(cfg Config) (n *Node, err error) {
 	}
 	n = &Node{cfg: cfg, leaderCh: make(chan struct{}), notify: make(chan bool, 8),
 		observeCh: make(chan raft.Observation, 64), done: make(chan struct{})}
-	var closers []io.Closer
+	n.life, n.endLife = context.WithCancel(context.Background())
+	closers := []io.Closer{closerFunc(func() error { n.endLife(); return nil })}
 	defer func() {
 		if err != nil {
 			for i := len(closers) - 1; i >= 0; i-- {
@@ -161,6 +181,8 @@ func Open(cfg Config) (n *Node, err error) {
 	}()
 	n.metrics = newNodeMetrics(cfg.Registerer, n)
 	cfg.FSM.Logger = cfg.Logger
+	grants := newGrantPusher(n)
+	cfg.FSM.Observers = append(slices.Clip(cfg.FSM.Observers), grants)
 	n.fsm, err = fsm.Open(filepath.Join(cfg.DataDir, "state.db"), cfg.FSM)
 	if err != nil {
 		return nil, err
@@ -225,6 +247,12 @@ func Open(cfg Config) (n *Node, err error) {
 	// failed on leadership loss or shutdown), and the leader loop still
 	// takes all waiting entries as one batch.
 	rc.MaxAppendEntries = 256
+	// Followers learn that an entry committed from the leader's next
+	// AppendEntries; when no new entry follows, that is CommitTimeout
+	// later. A follower's linearizable reads and the grants to acquirers
+	// parked on it wait for that, so it is kept short (raft's default is
+	// 50ms); an idle follower costs a few small RPCs per 10ms.
+	rc.CommitTimeout = 5 * time.Millisecond
 	rc.HeartbeatTimeout = cfg.HeartbeatTimeout
 	rc.ElectionTimeout = cfg.ElectionTimeout
 	rc.LeaderLeaseTimeout = cfg.LeaderLeaseTimeout
@@ -269,11 +297,13 @@ func Open(cfg Config) (n *Node, err error) {
 	n.raft.RegisterObserver(n.observer)
 	n.wg.Add(1)
 	go n.watchLeadership()
+	n.spawn(grants.run)
 	if cfg.Gossip != nil {
 		if n.gossip, err = startGossip(n, *cfg.Gossip); err != nil {
 			_ = n.raft.Shutdown().Error()
 			n.raft.DeregisterObserver(n.observer)
 			close(n.done)
+			n.stopSpawning()
 			n.wg.Wait()
 			return nil, err
 		}
@@ -310,37 +340,48 @@ func (n *Node) IsLeader() bool { return n.leader.Load() }
 // FSM exposes the state machine for read-only inspection (tests, metrics).
 func (n *Node) FSM() *fsm.FSM { return n.fsm }
 
-// OnLeadership registers fn to be told, on one goroutine and in order, every
-// time this node gains (true) or loses (false) leadership. fn must not block.
+// OnLeadership registers fn to be told, in order, every time this node
+// gains (true) or loses (false) leadership. fn must not block: the next
+// change is delivered after it returns. Requests waiting for a leader do not
+// wait for the watchers.
 func (n *Node) OnLeadership(fn func(isLeader bool)) {
+	n.callMu.Lock()
+	defer n.callMu.Unlock()
 	n.watchMu.Lock()
-	defer n.watchMu.Unlock()
 	n.watchers = append(n.watchers, fn)
+	n.watchMu.Unlock()
 	if n.leader.Load() {
 		fn(true)
 	}
 }
 
 // watchLeadership is the single goroutine that drains raft's notifications.
+// A new leader starts establishing its term and wakes the requests waiting
+// for a leader before it tells the watchers.
 func (n *Node) watchLeadership() {
 	defer n.wg.Done()
 	for {
 		select {
 		case isLeader := <-n.notify:
-			n.watchMu.Lock()
-			if n.leader.Swap(isLeader) != isLeader {
-				for _, fn := range n.watchers {
+			term := n.raft.CurrentTerm()
+			n.callMu.Lock()
+			changed := n.leader.Swap(isLeader) != isLeader
+			if isLeader {
+				n.wg.Add(1)
+				go n.establish(term)
+			}
+			n.kickLeaderWaiters()
+			if changed {
+				n.watchMu.Lock()
+				watchers := slices.Clone(n.watchers)
+				n.watchMu.Unlock()
+				for _, fn := range watchers {
 					fn(isLeader)
 				}
 			}
-			n.watchMu.Unlock()
-			if isLeader {
-				n.wg.Add(1)
-				go n.establish(n.raft.CurrentTerm())
-			}
+			n.callMu.Unlock()
 			n.metrics.leaderChanges.Inc()
-			n.cfg.Logger.Info("leadership changed", "leader", isLeader, "term", n.raft.CurrentTerm())
-			n.kickLeaderWaiters()
+			n.cfg.Logger.Info("leadership changed", "leader", isLeader, "term", term)
 		case <-n.observeCh:
 			n.kickLeaderWaiters()
 		case <-n.done:
@@ -407,6 +448,7 @@ func (n *Node) Close() error {
 		err := n.raft.Shutdown().Error()
 		n.raft.DeregisterObserver(n.observer)
 		close(n.done)
+		n.stopSpawning()
 		n.wg.Wait()
 		n.peers.close()
 		for _, c := range []io.Closer{n.transport, closerFunc(func() error { n.mux.close(); return nil }), n.store, n.fsm} {
@@ -417,4 +459,29 @@ func (n *Node) Close() error {
 		n.closeErr = err
 	})
 	return n.closeErr
+}
+
+// spawn runs fn on a goroutine that Close waits for; fn should end soon
+// after n.life does. It reports false, running nothing, once Close has begun
+// waiting.
+func (n *Node) spawn(fn func()) bool {
+	n.spawnMu.Lock()
+	defer n.spawnMu.Unlock()
+	if n.spawnEnd {
+		return false
+	}
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		fn()
+	}()
+	return true
+}
+
+// stopSpawning ends n.life and refuses further spawns, before Close waits.
+func (n *Node) stopSpawning() {
+	n.spawnMu.Lock()
+	n.spawnEnd = true
+	n.spawnMu.Unlock()
+	n.endLife()
 }

@@ -8,11 +8,13 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/raftlockd/raftlockd/auth"
 	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/fsm"
 )
@@ -21,8 +23,27 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
+// testCA is the CA of the nodes of these tests.
+var testCA = sync.OnceValue(func() *auth.Bundle {
+	ca, err := auth.NewCA(auth.IssueOptions{Name: "cluster test CA"})
+	if err != nil {
+		panic(err)
+	}
+	return ca
+})
+
+// peerTLS is a server certificate of testCA: the nodes of these tests run
+// their internal connections over mutual TLS, as deployed nodes do.
+func peerTLS() PeerTLS {
+	b, err := testCA().Issue(auth.RoleServer, auth.IssueOptions{Name: "cluster test node"})
+	if err != nil {
+		panic(err)
+	}
+	return auth.NewStaticSource(b)
+}
+
 func testConfig(dir, boot string) Config {
-	return Config{NodeID: "n1", DataDir: dir, RaftBind: "127.0.0.1:0", Bootstrap: true,
+	return Config{NodeID: "n1", DataDir: dir, RaftBind: "127.0.0.1:0", Bootstrap: true, TLS: peerTLS(),
 		HeartbeatTimeout: 200 * time.Millisecond, ElectionTimeout: 200 * time.Millisecond,
 		SnapshotThreshold: 1 << 20, FSM: fsm.Options{BootID: boot}}
 }

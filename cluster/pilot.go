@@ -4,32 +4,47 @@ import (
 	"context"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 	autopilot "github.com/hashicorp/raft-autopilot"
+
+	"github.com/raftlockd/raftlockd/fsm"
 )
 
 // pilot is the leader's membership manager: raft-autopilot promotes new
 // servers once they are stable and removes servers that stayed dead past
-// the threshold without dropping the voters below the minimum quorum; the
-// reconcile loop hands autopilot every server gossip sees alive.
+// the threshold without dropping the voters below the island's quorum
+// floor; the reconcile loop hands autopilot every server gossip sees alive
+// and records the island's voter high-water mark.
+//
+// Autopilot is started and stopped by one goroutine (run), never by the
+// leadership watcher: starting it fetches every alive server's progress,
+// which takes up to half a pilot interval when a server is alive in gossip
+// but does not answer (a paused or cut-off old leader).
 type pilot struct {
 	g  *gossip
 	ap *autopilot.Autopilot
 
 	mu      sync.Mutex
-	cancel  context.CancelFunc
-	running chan struct{}
+	want    bool   // this node leads
+	wantGen uint64 // bumped on every leadership gain: each term gets its own start
+	wake    chan struct{}
 	kickCh  chan struct{}
+	active  atomic.Bool  // autopilot and the reconcile loop run
+	starts  atomic.Int64 // autopilot starts, for tests
+	removes atomic.Int64 // failed-server removals in progress
+	// failedSeen counts the times autopilot was told of a failed server.
+	failedSeen atomic.Int64
 
-	stateMu sync.Mutex // not mu: autopilot reports state from inside Start
+	stateMu sync.Mutex
 	state   *autopilot.State
 }
 
 func newPilot(g *gossip) *pilot {
-	p := &pilot{g: g, kickCh: make(chan struct{}, 1)}
+	p := &pilot{g: g, kickCh: make(chan struct{}, 1), wake: make(chan struct{}, 1)}
 	hl := hclog.New(&hclog.LoggerOptions{Name: "autopilot", Level: hclog.Warn, JSONFormat: true,
 		Output: hclogToSlog{log: g.n.cfg.Logger.With("component", "autopilot")}})
 	p.ap = autopilot.New(g.n.raft, p, autopilot.WithLogger(hl),
@@ -37,34 +52,78 @@ func newPilot(g *gossip) *pilot {
 	return p
 }
 
-func (p *pilot) start() {
+// setLeader records whether this node leads; run starts or stops autopilot
+// to match. It does not block.
+func (p *pilot) setLeader(isLeader bool) {
 	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.cancel != nil {
-		return
+	p.want = isLeader
+	if isLeader {
+		p.wantGen++
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	p.cancel = cancel
-	done := make(chan struct{})
-	p.running = done
-	p.ap.Start(ctx)
-	go func() {
-		defer close(done)
-		p.reconcileLoop(ctx)
-	}()
+	p.mu.Unlock()
+	select {
+	case p.wake <- struct{}{}:
+	default:
+	}
 }
 
-func (p *pilot) stop() {
-	p.mu.Lock()
-	cancel, done := p.cancel, p.running
-	p.cancel, p.running = nil, nil
-	p.mu.Unlock()
-	if cancel == nil {
-		return
+// run starts autopilot for every term this node leads and stops it when
+// leadership is lost, in order, until done is closed; then it stops
+// autopilot and returns.
+func (p *pilot) run(done <-chan struct{}) {
+	var cur *pilotTerm
+	stop := func() {
+		if cur == nil {
+			return
+		}
+		cur.cancel()
+		<-p.ap.Stop()
+		<-cur.done
+		cur = nil
+		p.active.Store(false)
 	}
-	cancel()
-	<-p.ap.Stop()
-	<-done
+	defer stop()
+	for {
+		select {
+		case <-done:
+			return
+		default:
+		}
+		p.mu.Lock()
+		want, wantGen := p.want, p.wantGen
+		p.mu.Unlock()
+		if cur != nil && (!want || wantGen != cur.gen) {
+			stop()
+		}
+		if want && cur == nil {
+			cur = p.startTerm(wantGen)
+		}
+		select {
+		case <-p.wake:
+		case <-done:
+			return
+		}
+	}
+}
+
+// pilotTerm is autopilot running for one leadership term.
+type pilotTerm struct {
+	gen    uint64
+	cancel context.CancelFunc
+	done   chan struct{} // closed when the reconcile loop has returned
+}
+
+func (p *pilot) startTerm(gen uint64) *pilotTerm {
+	ctx, cancel := context.WithCancel(context.Background())
+	t := &pilotTerm{gen: gen, cancel: cancel, done: make(chan struct{})}
+	p.ap.Start(ctx)
+	p.starts.Add(1)
+	p.active.Store(true)
+	go func() {
+		defer close(t.done)
+		p.reconcileLoop(ctx)
+	}()
+	return t
 }
 
 func (p *pilot) kick() {
@@ -81,6 +140,7 @@ func (p *pilot) reconcileLoop(ctx context.Context) {
 	defer t.Stop()
 	for {
 		p.addNewServers()
+		p.recordVoters(ctx)
 		select {
 		case <-ctx.Done():
 			return
@@ -109,7 +169,17 @@ func (p *pilot) addNewServers() {
 		if addr, ok := inConfig[raft.ServerID(m.ID)]; ok && addr == raft.ServerAddress(m.RaftAddr) {
 			continue
 		}
-		err := p.ap.AddServer(&autopilot.Server{ID: raft.ServerID(m.ID), Name: m.ID, Address: raft.ServerAddress(m.RaftAddr),
+		// Only a server that answers over the cluster's own channel (over
+		// mutual TLS, when it is on) and is who gossip says it is gets in.
+		ctx, cancel := context.WithTimeout(p.g.ctx, 2*time.Second)
+		st, err := p.g.n.PeerStatus(ctx, m.RaftAddr)
+		cancel()
+		if err != nil || st.NodeID != m.ID {
+			p.g.n.cfg.Logger.Warn("not adding a server that does not answer as itself on the cluster channel", "id", m.ID,
+				"raft", m.RaftAddr, "answered_as", st.NodeID, "error", err)
+			continue
+		}
+		err = p.ap.AddServer(&autopilot.Server{ID: raft.ServerID(m.ID), Name: m.ID, Address: raft.ServerAddress(m.RaftAddr),
 			NodeStatus: autopilot.NodeAlive, NodeType: autopilot.NodeVoter, RaftVersion: raft.ProtocolVersionMax})
 		if err != nil {
 			p.g.n.cfg.Logger.Warn("adding server failed", "id", m.ID, "error", err)
@@ -119,13 +189,42 @@ func (p *pilot) addNewServers() {
 	}
 }
 
+// recordVoters raises the island's voter high-water mark to the number of
+// voters gossip sees alive, when that is more than recorded; the quorum
+// floor every leader uses derives from it.
+func (p *pilot) recordVoters(ctx context.Context) {
+	servers, err := p.g.n.Servers()
+	if err != nil {
+		return
+	}
+	live := 0
+	p.g.mu.Lock()
+	for _, s := range servers {
+		m := p.g.members[string(s.ID)]
+		if s.Suffrage == raft.Voter && (s.ID == raft.ServerID(p.g.n.cfg.NodeID) || m != nil && m.Status == "alive") {
+			live++
+		}
+	}
+	p.g.mu.Unlock()
+	if live <= p.g.n.MaxVoters() {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	if _, err := p.g.n.proposeLocal(rctx, &fsm.Command{Op: fsm.OpSetBackend, SetBackend: &fsm.SetBackendCmd{Voters: live}}); err != nil {
+		p.g.n.cfg.Logger.Warn("recording the voter count", "voters", live, "error", err)
+		return
+	}
+	p.g.n.cfg.Logger.Info("the island's quorum floor rose", "voters", live, "floor", p.g.n.QuorumFloor())
+}
+
 // AutopilotConfig implements autopilot.ApplicationIntegration.
 func (p *pilot) AutopilotConfig() *autopilot.Config {
 	return &autopilot.Config{
 		CleanupDeadServers:      true,
 		LastContactThreshold:    max(4*p.g.n.cfg.HeartbeatTimeout, time.Second),
 		MaxTrailingLogs:         1000,
-		MinQuorum:               uint(p.g.cfg.MinQuorum),
+		MinQuorum:               uint(p.g.n.QuorumFloor()),
 		ServerStabilizationTime: p.g.cfg.ServerStabilization,
 	}
 }
@@ -176,6 +275,9 @@ func (p *pilot) KnownServers() map[raft.ServerID]*autopilot.Server {
 		}
 		out[s.ID] = &autopilot.Server{ID: s.ID, Name: string(s.ID), Address: s.Address, NodeStatus: status,
 			NodeType: autopilot.NodeVoter, RaftVersion: raft.ProtocolVersionMax, IsLeader: s.ID == leader}
+		if status == autopilot.NodeFailed {
+			p.failedSeen.Add(1)
+		}
 	}
 	for id, m := range g.members {
 		if _, ok := out[raft.ServerID(id)]; !ok && m.Status == "alive" && !g.removed[id] {
@@ -212,17 +314,23 @@ func (p *pilot) FetchServerStats(ctx context.Context, servers map[raft.ServerID]
 	return out
 }
 
-// RemoveFailedServer implements autopilot.ApplicationIntegration.
+// RemoveFailedServer implements autopilot.ApplicationIntegration. The
+// removal runs on a goroutine the node's Close waits for (and cuts short).
 func (p *pilot) RemoveFailedServer(s *autopilot.Server) {
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	n := p.g.n
+	p.removes.Add(1)
+	if !n.spawn(func() {
+		defer p.removes.Add(-1)
+		ctx, cancel := context.WithTimeout(n.life, 10*time.Second)
 		defer cancel()
-		if err := p.g.n.removeLocal(ctx, string(s.ID)); err != nil {
-			p.g.n.cfg.Logger.Warn("removing failed server", "id", s.ID, "error", err)
+		if err := n.removeLocal(ctx, string(s.ID)); err != nil {
+			n.cfg.Logger.Warn("removing failed server", "id", s.ID, "error", err)
 			return
 		}
-		p.g.n.cfg.Logger.Info("removed failed server", "id", s.ID)
-	}()
+		n.cfg.Logger.Info("removed failed server", "id", s.ID)
+	}) {
+		p.removes.Add(-1)
+	}
 }
 
 func parseUint(s string) uint64 {

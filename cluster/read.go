@@ -70,13 +70,36 @@ func (n *Node) readIndexLocal(ctx context.Context) (uint64, error) {
 		return 0, err
 	}
 	index := n.raft.CommitIndex()
-	if err := n.raft.VerifyLeader().Error(); err != nil {
-		return 0, n.raftErr(err)
+	if err := n.verifyLeader(ctx); err != nil {
+		return 0, err
 	}
 	if err := n.waitApplied(ctx, index); err != nil {
 		return 0, err
 	}
 	return n.fsm.Applied(), nil
+}
+
+// verifyLeader confirms with a quorum that this node still leads, giving up
+// when ctx ends or the node shuts down rather than trusting raft to answer.
+func (n *Node) verifyLeader(ctx context.Context) error {
+	f := n.raft.VerifyLeader()
+	done := make(chan error, 1)
+	// raft answers every verification by the time it has shut down, which
+	// Close waits for before it waits for this goroutine.
+	if !n.spawn(func() { done <- f.Error() }) {
+		return shuttingDown()
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			return n.raftErr(err)
+		}
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("cluster: confirming leadership: %w", ctx.Err())
+	case <-n.done:
+		return shuttingDown()
+	}
 }
 
 // awaitReadable waits until this node has established its term.

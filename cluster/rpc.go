@@ -57,6 +57,16 @@ type LeaveArgs struct{ Deadline int64 }
 // LeaveReply reports the departure.
 type LeaveReply struct{ Err *errcode.Error }
 
+// PromiseArgs asks a server without Raft state to promise a bootstrap
+// configuration (or, with Release, to withdraw that promise).
+type PromiseArgs struct {
+	Servers []raft.Server
+	Release bool
+}
+
+// PromiseReply says why the promise was refused; empty when granted.
+type PromiseReply struct{ Refused string }
+
 type rpcService struct{ n *Node }
 
 func deadlineCtx(ns int64) (context.Context, context.CancelFunc) {
@@ -131,6 +141,23 @@ func (s *rpcService) Leave(args LeaveArgs, reply *LeaveReply) error {
 	ctx, cancel := deadlineCtx(args.Deadline)
 	defer cancel()
 	reply.Err = asErr(s.n.Leave(ctx))
+	return nil
+}
+
+// Promise agrees to be bootstrapped into args.Servers only (see
+// gossip.grantPromise), or withdraws that agreement.
+func (s *rpcService) Promise(args PromiseArgs, reply *PromiseReply) error {
+	g := s.n.gossip
+	switch {
+	case g == nil:
+		reply.Refused = fmt.Sprintf("%s runs without gossip and takes part in no bootstrap", s.n.cfg.NodeID)
+	case args.Release:
+		g.releasePromise(configKey(args.Servers))
+	default:
+		if err := g.grantPromise(args.Servers); err != nil {
+			reply.Refused = err.Error()
+		}
+	}
 	return nil
 }
 

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -225,4 +226,43 @@ func advertiseAddr(advertise string, bound net.Addr) (net.Addr, error) {
 		return nil, fmt.Errorf("cluster: advertise address %q is not reachable by peers", advertise)
 	}
 	return a, nil
+}
+
+// PeerTLS is the TLS configuration of the cluster's internal connections:
+// both ends present a certificate and check the other's.
+type PeerTLS interface {
+	PeerServerConfig() *tls.Config
+	PeerClientConfig() *tls.Config
+}
+
+// tlsNetwork runs a Network's connections over mutually authenticated
+// TLS: Raft (through the stream layer) and the RPCs that forward requests
+// and manage membership. A peer whose certificate the other end refuses
+// gets no further than the handshake.
+type tlsNetwork struct {
+	inner Network
+	tls   PeerTLS
+}
+
+func (t tlsNetwork) Listen(addr string) (net.Listener, error) {
+	ln, err := t.inner.Listen(addr)
+	if err != nil {
+		return nil, err
+	}
+	// The handshake runs on the connection's first read, which the mux
+	// does under a deadline.
+	return tls.NewListener(ln, t.tls.PeerServerConfig()), nil
+}
+
+func (t tlsNetwork) Dial(ctx context.Context, addr string) (net.Conn, error) {
+	c, err := t.inner.Dial(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	tc := tls.Client(c, t.tls.PeerClientConfig())
+	if err := tc.HandshakeContext(ctx); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("cluster: TLS handshake with %s: %w", addr, err)
+	}
+	return tc, nil
 }

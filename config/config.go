@@ -8,9 +8,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/url"
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/raftlockd/raftlockd/wire"
 )
 
 // Server is one node's configuration.
@@ -21,7 +24,16 @@ type Server struct {
 	RaftListen    string
 	RaftAdvertise string // empty: RaftListen
 	APIAdvertise  string // the API endpoint peers hand to clients; empty: derived from Listen
-	DisableMTLS   bool
+	// DisableMTLS serves the API over plain HTTP to anyone and runs Raft,
+	// forwarding and gossip unencrypted (development only).
+	DisableMTLS bool
+	// Bundle is the node's server bundle (certificate, key, CA, gossip
+	// key); empty: <data-dir>/tls/server.pem, which the single-node
+	// default creates with its CA on first start.
+	Bundle string
+	// TCDisableAuth opens the coordinator and resource-manager endpoints
+	// to callers without a certificate; the others still need one.
+	TCDisableAuth bool
 	Pprof         bool // serve Go's profiler under /debug/pprof/ on the API address
 
 	GossipListen      string
@@ -30,7 +42,7 @@ type Server struct {
 	BootstrapExpect   int      // servers that must meet before a new cluster starts; 0: only join
 	ClusterName       string
 	DeadServerTimeout time.Duration
-	MinQuorum         int // fewest voters dead-server cleanup may leave; 0: a majority of BootstrapExpect
+	MinQuorum         int // fewest voters dead-server cleanup may leave; 0: a majority of the most voters the island has had alive
 	// GossipProfile picks memberlist's timing: "lan" (memberlist's LAN
 	// defaults) or "fast" (sub-second failure detection for loopback
 	// clusters and tests).
@@ -40,7 +52,26 @@ type Server struct {
 	MaxTTL        time.Duration
 	AcquireBlock  time.Duration // longest an acquire may wait for a lease
 	MaxStateBytes int64
-	TxnRetention  time.Duration // how long final decisions are kept for retries
+	TxnRetention  time.Duration // how long final decisions are kept for retries and late replays
+
+	// Queues.
+	QueueVisibility  time.Duration // delivery lease when neither message nor dequeue names one
+	QueueMaxAttempts int           // failed deliveries before a message moves to the dead-letter queue
+	MaxPayloadBytes  int64         // largest message payload
+
+	// UTXO records.
+	UTXOBatchSize       int   // outputs per record; a larger transaction is stored as several records
+	MaxEntryBytes       int   // largest Raft entry a UTXO command may encode to
+	MaxUTXORequestBytes int64 // largest body of a UTXO create or spend request
+
+	// Transactions across islands (other raftlockd clusters).
+	TCPeers            []string      // API endpoints of other islands to register with
+	TCFanoutTimeout    time.Duration // one attempt to reach another island
+	TCFanoutAttempts   int           // attempts per island before answering txn_fanout_failed
+	TCFanoutBaseDelay  time.Duration // first retry delay
+	TCFanoutMaxDelay   time.Duration // longest retry delay
+	TCFanoutMultiplier float64       // growth of the retry delay
+	TCPendingTTL       time.Duration // how long a pending decision lasts when its request names no expiry
 
 	LeaderWait        time.Duration // how long a request waits for a leader before 503
 	HeartbeatTimeout  time.Duration
@@ -67,28 +98,63 @@ func DefaultDataDir() string {
 // Default returns the settings of `raftlockd server` with no flags.
 func Default() Server {
 	return Server{
-		DataDir:           DefaultDataDir(),
-		Listen:            "127.0.0.1:9341",
-		RaftListen:        "127.0.0.1:9342",
-		GossipListen:      "127.0.0.1:9343",
-		BootstrapExpect:   1,
-		ClusterName:       "raftlockd",
-		DeadServerTimeout: time.Minute,
-		GossipProfile:     "lan",
-		DefaultTTL:        30 * time.Second,
-		MaxTTL:            time.Hour,
-		AcquireBlock:      60 * time.Second,
-		MaxStateBytes:     1 << 20,
-		TxnRetention:      10 * time.Minute,
-		LeaderWait:        5 * time.Second,
-		HeartbeatTimeout:  500 * time.Millisecond,
-		ElectionTimeout:   500 * time.Millisecond,
-		SnapshotThreshold: 16384,
-		TrailingLogs:      10240,
-		SnapshotInterval:  30 * time.Second,
-		LogLevel:          "info",
+		DataDir:             DefaultDataDir(),
+		Listen:              "127.0.0.1:9341",
+		RaftListen:          "127.0.0.1:9342",
+		GossipListen:        "127.0.0.1:9343",
+		BootstrapExpect:     1,
+		ClusterName:         "raftlockd",
+		DeadServerTimeout:   time.Minute,
+		GossipProfile:       "lan",
+		DefaultTTL:          30 * time.Second,
+		MaxTTL:              time.Hour,
+		AcquireBlock:        60 * time.Second,
+		MaxStateBytes:       1 << 20,
+		TxnRetention:        10 * time.Minute,
+		QueueVisibility:     30 * time.Second,
+		QueueMaxAttempts:    5,
+		MaxPayloadBytes:     1 << 20,
+		UTXOBatchSize:       wire.UTXODefaultBatchSize,
+		MaxEntryBytes:       wire.UTXODefaultEntryBytes,
+		MaxUTXORequestBytes: 32 << 20,
+		TCFanoutTimeout:     5 * time.Second,
+		TCFanoutAttempts:    4,
+		TCFanoutBaseDelay:   50 * time.Millisecond,
+		TCFanoutMaxDelay:    2 * time.Second,
+		TCFanoutMultiplier:  2,
+		TCPendingTTL:        30 * time.Second,
+		LeaderWait:          5 * time.Second,
+		HeartbeatTimeout:    500 * time.Millisecond,
+		ElectionTimeout:     500 * time.Millisecond,
+		SnapshotThreshold:   16384,
+		TrailingLogs:        10240,
+		SnapshotInterval:    30 * time.Second,
+		LogLevel:            "info",
 	}
 }
+
+// Scheme is the API's URL scheme: https unless mTLS is disabled.
+func (s *Server) Scheme() string {
+	if s.DisableMTLS {
+		return "http"
+	}
+	return "https"
+}
+
+// TLSDir is where the single-node default keeps its bundles.
+func (s *Server) TLSDir() string { return filepath.Join(s.DataDir, "tls") }
+
+// BundlePath is the node's server bundle.
+func (s *Server) BundlePath() string {
+	if s.Bundle != "" {
+		return s.Bundle
+	}
+	return filepath.Join(s.TLSDir(), "server.pem")
+}
+
+// SingleNode reports whether the node starts a cluster of its own (the
+// default) rather than joining or forming one with others.
+func (s *Server) SingleNode() bool { return s.BootstrapExpect <= 1 && len(s.Join) == 0 }
 
 // APIEndpoint is the endpoint this node publishes for clients.
 func (s *Server) APIEndpoint(bound string) string {
@@ -97,14 +163,14 @@ func (s *Server) APIEndpoint(bound string) string {
 	}
 	host, port, err := net.SplitHostPort(bound)
 	if err != nil {
-		return "http://" + bound
+		return s.Scheme() + "://" + bound
 	}
 	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
 		if h, err := os.Hostname(); err == nil {
 			host = h
 		}
 	}
-	return "http://" + net.JoinHostPort(host, port)
+	return s.Scheme() + "://" + net.JoinHostPort(host, port)
 }
 
 // Validate reports every setting that cannot work.
@@ -127,6 +193,13 @@ func (s *Server) Validate() error {
 	if s.MaxStateBytes <= 0 {
 		errs = append(errs, errors.New("max-state-bytes must be positive"))
 	}
+	if s.QueueVisibility < time.Second || s.QueueMaxAttempts < 1 || s.MaxPayloadBytes <= 0 {
+		errs = append(errs, errors.New("need queue-visibility >= 1s, queue-max-attempts >= 1 and max-payload-bytes > 0"))
+	}
+	if s.UTXOBatchSize < 1 || s.MaxUTXORequestBytes <= 0 || s.MaxEntryBytes < wire.UTXORecordBytes(s.UTXOBatchSize) {
+		errs = append(errs, fmt.Errorf("need utxo-batch-size >= 1, max-utxo-request-bytes > 0 and max-entry-bytes >= %d (%d bytes per output of a batch plus 1 KiB)",
+			wire.UTXORecordBytes(max(s.UTXOBatchSize, 1)), wire.UTXOOutputBytes))
+	}
 	if s.LeaderWait <= 0 {
 		errs = append(errs, errors.New("leader-wait must be positive"))
 	}
@@ -140,7 +213,16 @@ func (s *Server) Validate() error {
 		errs = append(errs, errors.New("dead-server-timeout must be positive and min-quorum not negative"))
 	}
 	if s.TxnRetention < 0 {
-		errs = append(errs, errors.New("txn-retention must not be negative"))
+		errs = append(errs, errors.New("tc-decision-retention must not be negative"))
+	}
+	if s.TCFanoutTimeout <= 0 || s.TCFanoutAttempts < 1 || s.TCFanoutBaseDelay <= 0 || s.TCFanoutMaxDelay < s.TCFanoutBaseDelay ||
+		s.TCFanoutMultiplier < 1 || s.TCPendingTTL <= 0 {
+		errs = append(errs, errors.New("need tc-fanout-timeout > 0, tc-fanout-attempts >= 1, 0 < tc-fanout-base-delay <= tc-fanout-max-delay, tc-fanout-multiplier >= 1 and tc-pending-ttl > 0"))
+	}
+	for _, p := range s.TCPeers {
+		if u, err := url.Parse(p); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			errs = append(errs, fmt.Errorf("tc-peer %q: want an http(s) URL", p))
+		}
 	}
 	if s.GossipProfile != "lan" && s.GossipProfile != "fast" {
 		errs = append(errs, fmt.Errorf("gossip-profile %q: want lan or fast", s.GossipProfile))

@@ -2,19 +2,24 @@
 // image built from deploy/Dockerfile and the three-node cluster of
 // deploy/docker-compose.yml, on this machine's Docker engine. They build
 // the static binary and the image (under a unique tag), start the cluster
-// under a unique compose project on localhost ports of their own, break
-// the leader's container and tear everything down (`down -v`, `rmi`)
-// whatever happens. They skip only when no Docker engine answers.
+// under a unique compose project on localhost ports of their own, talk to
+// it over mutual TLS with the bundles its certs service created, break the
+// leader's container and tear everything down (`down -v`, `rmi`) whatever
+// happens. They skip only when no Docker engine answers.
 package e2e
 
 import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +28,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/raftlockd/raftlockd/auth"
 	"github.com/raftlockd/raftlockd/client"
 	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/internal/workload"
@@ -113,8 +119,9 @@ func freePort(t *testing.T) string {
 
 // buildImage builds the static binary and the image from deploy/Dockerfile
 // in a context of its own (the working tree's deploy/ is left alone) and
-// removes the image when the test ends.
-func buildImage(t *testing.T) string {
+// removes the image when the test ends. It returns the image and the
+// binary, which also serves as the operator's CLI on this host.
+func buildImage(t *testing.T) (image, bin string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -138,7 +145,7 @@ func buildImage(t *testing.T) string {
 	if err := os.Mkdir(filepath.Join(dir, "data"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	image := "raftlockd:e2e-" + randomHex(4)
+	image = "raftlockd:e2e-" + randomHex(4)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
@@ -148,17 +155,24 @@ func buildImage(t *testing.T) string {
 	})
 	mustRun(t, ctx, nil, "docker", "build", "-q", "-t", image, dir)
 	t.Logf("built %s in %s", image, time.Since(start).Round(time.Millisecond))
-	return image
+	return image, filepath.Join(dir, "raftlockd")
 }
 
 // composeCluster is deploy/docker-compose.yml running under its own
 // project name.
 type composeCluster struct {
 	t         *testing.T
-	ctx       context.Context
+	ctx       context.Context // carries tlsConfig for the workload's calls
 	compose   []string
 	env       []string
-	endpoints []string // published API of node1..node3
+	endpoints []string // published API of node1..node3 (https)
+	bin       string   // the raftlockd binary, for the CLI on this host
+	ids       []string // container ids, by node, once known
+
+	// Bundles copied out of the certs service's volume: client.pem, and a
+	// node's server bundle for the operator commands (snapshots).
+	clientBundle, serverBundle string
+	tlsConfig                  *tls.Config // client.pem's: its certificate, the cluster's CA
 }
 
 // run runs a compose command on the project and fails the test on an error.
@@ -170,13 +184,18 @@ func (c *composeCluster) run(args ...string) string {
 
 func (c *composeCluster) service(i int) string { return fmt.Sprintf("node%d", i+1) }
 
-// container returns the id of node i's container.
+// container returns the id of node i's container. Stopping, starting and
+// restarting keep a container, so each id is asked of Compose once.
 func (c *composeCluster) container(i int) string {
 	c.t.Helper()
+	if id := c.ids[i]; id != "" {
+		return id
+	}
 	id := strings.TrimSpace(c.run("ps", "-q", c.service(i)))
 	if id == "" {
 		c.t.Fatalf("no container for %s", c.service(i))
 	}
+	c.ids[i] = id
 	return id
 }
 
@@ -216,14 +235,14 @@ func startCompose(t *testing.T, image string) *composeCluster {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), scenarioBudget)
 	t.Cleanup(cancel)
-	c := &composeCluster{t: t, ctx: ctx, compose: composeCommand(t)}
+	c := &composeCluster{t: t, ctx: ctx, compose: composeCommand(t), ids: make([]string, 3)}
 	project := "rle2e" + randomHex(4)
 	c.compose = append(c.compose, "-p", project, "-f", filepath.Join(repoRoot(t), "deploy", "docker-compose.yml"))
 	c.env = []string{"RAFTLOCKD_IMAGE=" + image, "RAFTLOCKD_PUBLISH_HOST=127.0.0.1"}
 	for i := 1; i <= 3; i++ {
 		port := freePort(t)
 		c.env = append(c.env, fmt.Sprintf("RAFTLOCKD_NODE%d_PORT=%s", i, port))
-		c.endpoints = append(c.endpoints, "http://127.0.0.1:"+port)
+		c.endpoints = append(c.endpoints, "https://127.0.0.1:"+port)
 	}
 	t.Cleanup(func() {
 		// A fresh context: the scenario's may have run out.
@@ -248,15 +267,72 @@ func startCompose(t *testing.T, image string) *composeCluster {
 	}
 	t.Logf("project %s: three nodes healthy %s after `up -d`; API on %v", project, time.Since(start).Round(time.Millisecond),
 		c.endpoints)
+
+	// The certificates: what a user copies out of the volume (docker cp
+	// reads it through a running node; the image has no shell).
+	dir := t.TempDir()
+	c.clientBundle, c.serverBundle = filepath.Join(dir, "client.pem"), filepath.Join(dir, "node1.pem")
+	ca := c.copyOut("/tls/ca.pem", filepath.Join(dir, "ca.pem"))
+	c.copyOut("/tls/client.pem", c.clientBundle)
+	c.copyOut("/tls/node1.pem", c.serverBundle)
+	b, err := auth.LoadBundle(c.clientBundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	id, err := b.Identity()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("copied out %s bundle %q (CA %s)", id.Role, id.Name, id.CA)
+	c.tlsConfig = auth.ClientConfig(b)
+	c.ctx = workload.WithTLS(ctx, c.tlsConfig)
+
+	// `up` again keeps the certificates: the certs service finds its CA
+	// and writes nothing; the nodes, unchanged, keep running.
+	again := time.Now()
+	c.run("up", "-d")
+	for i := range c.endpoints {
+		c.waitHealthy(i, 90*time.Second)
+	}
+	if raw := c.copyOut("/tls/ca.pem", filepath.Join(dir, "ca-again.pem")); !bytes.Equal(raw, ca) {
+		t.Fatal("`up -d` again replaced the CA")
+	}
+	certsLog := lastLine(c.run("logs", "--no-color", "certs"))
+	if !strings.Contains(certsLog, "exists; nothing written") {
+		t.Fatalf("the certs service's last words after `up -d` again: %q", certsLog)
+	}
+	t.Logf("`up -d` again took %s and kept the CA; certs: %s", time.Since(again).Round(time.Millisecond), certsLog)
 	return c
 }
 
-func startLoad(t *testing.T, endpoints []string, prefix string) *workload.Load {
+// copyOut copies file from node1's container to path on this host and
+// returns its content.
+func (c *composeCluster) copyOut(file, path string) []byte {
+	c.t.Helper()
+	mustRun(c.t, c.ctx, nil, "docker", "cp", c.container(0)+":"+file, path)
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return raw
+}
+
+// client is a client of endpoint presenting client.pem.
+func (c *composeCluster) client(endpoint string) *client.Client {
+	c.t.Helper()
+	cl, err := client.New(endpoint, client.WithTLS(c.tlsConfig))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return cl
+}
+
+func startLoad(t *testing.T, c *composeCluster, prefix string) *workload.Load {
 	t.Helper()
 	seed := time.Now().UnixNano()
 	t.Logf("load %s: seed %d", prefix, seed)
 	// Requests outlast the servers' default --leader-wait (5s).
-	load, err := workload.Start(workload.Config{Endpoints: endpoints, Writers: 6, Seed: seed, Prefix: prefix,
+	load, err := workload.Start(workload.Config{Endpoints: c.endpoints, TLS: c.tlsConfig, Writers: 6, Seed: seed, Prefix: prefix,
 		TTL: 3 * time.Second, Block: 15 * time.Second, Retry: 2 * time.Second, RequestTimeout: 8 * time.Second,
 		CycleTimeout: 30 * time.Second})
 	if err != nil {
@@ -275,30 +351,35 @@ func finish(t *testing.T, c *composeCluster, load *workload.Load) {
 	for _, v := range load.Violations() {
 		t.Error(v)
 	}
+	start := time.Now()
 	index, err := workload.WaitConverged(c.ctx, c.endpoints, 60*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
+	converged := time.Since(start)
 	if err := workload.Verify(c.ctx, c.endpoints, writers); err != nil {
 		t.Fatalf("after the nodes converged at applied index %d: %v", index, err)
 	}
-	t.Logf("all three nodes applied index %d and hold every acknowledged commit", index)
+	t.Logf("all three nodes applied index %d (converged in %s) and hold every acknowledged commit (checked in %s)",
+		index, converged.Round(time.Millisecond), (time.Since(start) - converged).Round(time.Millisecond))
 }
 
-// TestDockerCompose runs the compose cluster, writes through node1's
-// published port, then stops the leader's container (case 1) and cuts the
-// leader off the cluster network (case 2) while writers commit: the other
-// nodes keep serving every client and no acknowledged commit is lost.
+// TestDockerCompose runs the compose cluster, checks that its published
+// ports serve no one without a client certificate of the cluster's CA,
+// writes through node1's published port over mutual TLS and restores a
+// backup through a follower; then, while
+// writers commit, it stops the leader's container, kills the next leader's
+// container with SIGKILL and cuts the next one off the cluster network:
+// the other nodes keep serving every client and no acknowledged commit is
+// lost.
 func TestDockerCompose(t *testing.T) {
 	requireDocker(t)
-	image := buildImage(t)
+	image, bin := buildImage(t)
 	c := startCompose(t, image)
+	c.bin = bin
 
 	// A commit through node1's published port is readable through the others.
-	cl, err := client.New(c.endpoints[0])
-	if err != nil {
-		t.Fatal(err)
-	}
+	cl := c.client(c.endpoints[0])
 	lease, err := cl.Acquire(c.ctx, wire.AcquireRequest{Key: "hello", Owner: "e2e", TTLSeconds: 30})
 	if err != nil {
 		t.Fatal(err)
@@ -310,8 +391,7 @@ func TestDockerCompose(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, ep := range c.endpoints[1:] {
-		other, _ := client.New(ep)
-		d, err := other.GetPublic(c.ctx, "", "hello")
+		d, err := c.client(ep).GetPublic(c.ctx, "", "hello")
 		if err != nil || string(d.Body) != `{"from":"node1"}` {
 			t.Fatalf("read through %s: %q, %v", ep, d.Body, err)
 		}
@@ -321,7 +401,8 @@ func TestDockerCompose(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		run  func(*testing.T, *composeCluster)
-	}{{"StopLeader", stopLeader}, {"DisconnectLeader", disconnectLeader}} {
+	}{{"RefuseWithoutCertificate", refuseWithoutCertificate}, {"RestoreThroughFollower", restoreThroughFollower}, {"StopLeader", stopLeader}, {"KillLeader", killLeader},
+		{"DisconnectLeader", disconnectLeader}} {
 		if !t.Run(tc.name, func(t *testing.T) {
 			sub := *c
 			sub.t = t
@@ -333,7 +414,7 @@ func TestDockerCompose(t *testing.T) {
 }
 
 func stopLeader(t *testing.T, c *composeCluster) {
-	load := startLoad(t, c.endpoints, "stop")
+	load := startLoad(t, c, "stop")
 	if err := load.WaitAcks(30, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -349,36 +430,21 @@ func stopLeader(t *testing.T, c *composeCluster) {
 	mustRun(t, c.ctx, nil, "docker", "kill", "--signal", "TERM", id)
 	mustRun(t, c.ctx, nil, "docker", "wait", id)
 	stopped := time.Since(stoppedAt)
-	took, err := workload.ProbeWrite(c.ctx, c.others(leader)[0], "stop-probe", stoppedAt, 30*time.Second)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := load.WaitServedSince(stoppedAt, 40*time.Second); err != nil {
-		t.Fatalf("clients were not served by the other nodes: %v", err)
-	}
-	if err := load.WaitAcks(load.Acks()+30, 30*time.Second); err != nil {
-		t.Fatalf("while %s was stopped: %v", c.service(leader), err)
-	}
-	newLeader, err := workload.WaitLeader(c.ctx, c.endpoints, 20*time.Second, leader)
-	if err != nil {
-		t.Fatal(err)
-	}
+	took, newLeader := c.servedWithout(t, load, leader, stoppedAt, "stop-probe")
 	t.Logf("leader %s stopped (SIGTERM to exit: %s); first write through a survivor acknowledged %s after the stop began; "+
 		"%s leads; %d commits acknowledged without %s", c.service(leader), stopped.Round(time.Millisecond),
 		took.Round(time.Millisecond), c.service(newLeader), load.Acks()-before, c.service(leader))
 	checkFailover(t, took)
 
 	// Started again on its volume, the node rejoins by itself.
-	c.run("start", c.service(leader))
-	c.waitHealthy(leader, 60*time.Second)
-	if _, err := workload.ProbeWrite(c.ctx, c.endpoints[leader], "restarted", time.Now(), 30*time.Second); err != nil {
-		t.Fatalf("restarted %s: %v", c.service(leader), err)
-	}
+	startedAt := time.Now()
+	mustRun(t, c.ctx, nil, "docker", "start", id)
+	c.rejoined(leader, "started again", startedAt)
 	finish(t, c, load)
 }
 
 func disconnectLeader(t *testing.T, c *composeCluster) {
-	load := startLoad(t, c.endpoints, "disc")
+	load := startLoad(t, c, "disc")
 	if err := load.WaitAcks(30, 30*time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -407,6 +473,26 @@ func disconnectLeader(t *testing.T, c *composeCluster) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A leader was elected on the other side, so the cut-off node's term
+	// as leader has ended. Now it must accept no write: asked from inside
+	// its container (the image has no shell; the binary is the client,
+	// with the client bundle of the volume), while the load goes on. The client gives up after its own retry
+	// budget (10s) on the server's answer, well before --timeout: 503
+	// no_leader, and the CLI exits 1 saying so. Anything else (a refused
+	// connection, a bad flag, docker exec's own failures, exit 125-127) is
+	// not the outcome under test.
+	type outcome struct {
+		out  string
+		err  error
+		took time.Duration
+	}
+	minority := make(chan outcome, 1)
+	go func() {
+		start := time.Now()
+		out, err := run(c.ctx, nil, "docker", "exec", id, "/raftlockd", "client", "acquire", "--bundle", "/tls/client.pem",
+			"--key", "minority-write", "--block=-1", "--timeout", "40s")
+		minority <- outcome{out, err, time.Since(start)}
+	}()
 	if err := load.WaitServedSince(cutAt, 40*time.Second); err != nil {
 		t.Fatalf("clients were not served by the connected nodes: %v", err)
 	}
@@ -417,36 +503,244 @@ func disconnectLeader(t *testing.T, c *composeCluster) {
 		c.service(leader), took.Round(time.Millisecond), load.Acks()-before)
 	checkFailover(t, took)
 
-	// The cut-off node accepts no write: asked from inside its container
-	// (the image has no shell; the binary is the client).
-	out, err := run(c.ctx, nil, "docker", "exec", id, "/raftlockd", "client", "acquire", "--key", "minority-write",
-		"--block=-1", "--timeout", "10s")
-	if err == nil {
-		t.Fatalf("the disconnected node granted a lease:\n%s", out)
+	waited := time.Now()
+	m := <-minority
+	t.Logf("waited %s for the write on the disconnected node to be refused", time.Since(waited).Round(time.Millisecond))
+	var exit *exec.ExitError
+	switch {
+	case m.err == nil:
+		t.Fatalf("the disconnected node granted a lease:\n%s", m.out)
+	case !errors.As(m.err, &exit) || exit.ExitCode() != 1:
+		t.Fatalf("the write on the disconnected node failed for another reason than a refusal: %v", m.err)
+	case !strings.HasPrefix(lastLine(m.out), "raftlockd: no_leader: ") || !strings.HasSuffix(lastLine(m.out), "(HTTP 503)"):
+		t.Fatalf("the disconnected node's answer to a write: %q, want no_leader (HTTP 503)", lastLine(m.out))
 	}
-	t.Logf("the disconnected node refused a write: %s", lastLine(out))
+	t.Logf("the disconnected node refused a write after %s: %s", m.took.Round(time.Millisecond), lastLine(m.out))
 
+	reconnectedAt := time.Now()
 	reconnect()
 	if now := c.inspect(leader, "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"); now != ip {
 		// Its Raft and gossip addresses were resolved at start.
 		t.Logf("%s came back with address %s instead of %s; restarting it", c.service(leader), now, ip)
 		c.run("restart", c.service(leader))
 	}
-	c.waitHealthy(leader, 60*time.Second)
-	if _, err := workload.ProbeWrite(c.ctx, c.endpoints[leader], "reconnected", time.Now(), 30*time.Second); err != nil {
-		t.Fatalf("reconnected %s: %v", c.service(leader), err)
-	}
+	c.rejoined(leader, "reconnected", reconnectedAt)
 	finish(t, c, load)
 	for _, ep := range c.endpoints {
-		cl, _ := client.New(ep)
-		d, err := cl.GetPublic(c.ctx, "", "minority-write")
-		if err != nil || d.Exists {
-			t.Fatalf("%s: the minority's write: %+v, %v", ep, d, err)
-		}
-		if _, err := cl.Describe(c.ctx, "", "minority-write"); !errors.Is(err, errcode.NotFound) {
-			t.Fatalf("%s: the minority's acquire left a key record: %v", ep, err)
+		c.untouched(ep, "minority-write", "the minority's acquire")
+	}
+}
+
+// untouched fails the test unless key, read through endpoint, was never
+// written nor held: it is not found or, as lockd describes a key never
+// used, version 0 with no holder.
+func (c *composeCluster) untouched(endpoint, key, what string) {
+	c.t.Helper()
+	cl := c.client(endpoint)
+	d, err := cl.GetPublic(c.ctx, "", key)
+	if err != nil || d.Exists {
+		c.t.Fatalf("%s: %s: %+v, %v", endpoint, what, d, err)
+	}
+	d2, err := cl.Describe(c.ctx, "", key)
+	if !errors.Is(err, errcode.NotFound) && (err != nil || d2.Version != 0 || d2.LeaseID != "" || d2.FencingToken != 0) {
+		c.t.Fatalf("%s: %s left a trace: %+v, %v", endpoint, what, d2, err)
+	}
+}
+
+// refuseWithoutCertificate asks every published port for a lease in plain
+// HTTP, and over HTTPS (checking the server with the cluster's CA) without
+// a client certificate: both are refused, the second with 401
+// certificate_required, and no lease is granted.
+func refuseWithoutCertificate(t *testing.T, c *composeCluster) {
+	noCert := &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: c.tlsConfig.RootCAs}
+	for i, ep := range c.endpoints {
+		plain := "http://" + strings.TrimPrefix(ep, "https://")
+		for _, tc := range []struct {
+			how, url string
+			tls      *tls.Config
+			key      string
+		}{{"plain HTTP", plain, nil, fmt.Sprintf("plain-http-%d", i)},
+			{"HTTPS without a client certificate", ep, noCert, fmt.Sprintf("no-cert-%d", i)}} {
+			status, body, err := postAcquire(c.ctx, tc.url, tc.tls, tc.key)
+			var envelope struct {
+				Error   string `json:"error"`
+				LeaseID string `json:"lease_id"`
+			}
+			_ = json.Unmarshal(body, &envelope)
+			switch {
+			case err == nil && status/100 == 2, envelope.LeaseID != "":
+				t.Fatalf("%s: %s: granted: %d %s", c.service(i), tc.how, status, body)
+			case tc.tls != nil && (err != nil || status != http.StatusUnauthorized ||
+				envelope.Error != errcode.CertificateRequired.Code):
+				t.Fatalf("%s: %s: %d %q, %v; want 401 certificate_required", c.service(i), tc.how, status, body, err)
+			case err != nil:
+				t.Logf("%s: %s refused: %v", c.service(i), tc.how, err)
+			default:
+				t.Logf("%s: %s refused: %d %s", c.service(i), tc.how, status, strings.TrimSpace(string(body)))
+			}
+			c.untouched(c.endpoints[0], tc.key, tc.how+" acquire")
 		}
 	}
+}
+
+// postAcquire asks url for a lease on key with a client of its own, which
+// dials with cfg (nil: no TLS configuration of ours).
+func postAcquire(ctx context.Context, url string, cfg *tls.Config, key string) (int, []byte, error) {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	body, _ := json.Marshal(wire.AcquireRequest{Key: key, Owner: "e2e", TTLSeconds: 30, BlockSecs: -1})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/acquire", bytes.NewReader(body))
+	if err != nil {
+		return 0, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	tr := &http.Transport{TLSClientConfig: cfg, DisableKeepAlives: true}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		return 0, nil, err
+	}
+	defer resp.Body.Close()
+	raw, err := io.ReadAll(io.LimitReader(resp.Body, 4<<10))
+	return resp.StatusCode, raw, err
+}
+
+// restoreThroughFollower saves a backup with the CLI on this host through
+// one follower's published port, writes more, and restores the backup
+// through the other follower's: the follower forwards the upload to the
+// leader (whose advertised endpoint, https://nodeN:9341, this host cannot
+// resolve). The CLI presents a node's server bundle, as snapshots ask. Every node then serves the backup's state, and fencing tokens
+// keep growing past those issued before the restore.
+func restoreThroughFollower(t *testing.T, c *composeCluster) {
+	leader, err := workload.WaitLeader(c.ctx, c.endpoints, 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	followers := make([]int, 0, 2)
+	for i := range c.endpoints {
+		if i != leader {
+			followers = append(followers, i)
+		}
+	}
+	saveVia, restoreVia := followers[0], followers[1]
+	commitDoc(t, c, c.endpoints[leader], "restore-doc", `{"v":"backup"}`)
+
+	file := filepath.Join(t.TempDir(), "backup.db")
+	out := c.cli("snapshot", "save", file, "--server", c.endpoints[saveVia])
+	t.Logf("through %s: %s", c.service(saveVia), lastLine(out))
+	lastDoc := commitDoc(t, c, c.endpoints[saveVia], "restore-doc", `{"v":"later"}`)
+	lastLater := commitDoc(t, c, c.endpoints[leader], "restore-later", `{"v":"later"}`)
+
+	out = c.cli("snapshot", "restore", file, "--server", c.endpoints[restoreVia])
+	if !strings.Contains(out, "restored snapshot from "+file) {
+		t.Fatalf("snapshot restore through %s printed:\n%s", c.service(restoreVia), out)
+	}
+	t.Logf("leader %s; through follower %s: %s", c.service(leader), c.service(restoreVia), lastLine(out))
+	for i, ep := range c.endpoints {
+		cl := c.client(ep)
+		if d, err := cl.GetPublic(c.ctx, "", "restore-doc"); err != nil || string(d.Body) != `{"v":"backup"}` {
+			t.Fatalf("%s: restore-doc after the restore: %+v, %v", c.service(i), d, err)
+		}
+		if d, err := cl.GetPublic(c.ctx, "", "restore-later"); err != nil || d.Exists {
+			t.Fatalf("%s: restore-later (written after the backup) after the restore: %+v, %v", c.service(i), d, err)
+		}
+	}
+	for key, last := range map[string]int64{"restore-doc": lastDoc, "restore-later": lastLater} {
+		if next := commitDoc(t, c, c.endpoints[restoreVia], key, `{"v":"after"}`); next <= last {
+			t.Fatalf("%s: fencing token %d after the restore, but %d was issued before it", key, next, last)
+		}
+	}
+}
+
+// cli runs an operator command of the raftlockd binary on this host,
+// presenting node1's server bundle, and fails the test on an error.
+func (c *composeCluster) cli(args ...string) string {
+	c.t.Helper()
+	return mustRun(c.t, c.ctx, nil, c.bin, append(args, "--bundle", c.serverBundle, "--timeout", "60s")...)
+}
+
+// commitDoc commits doc to key through endpoint and returns the fencing
+// token of the lease that wrote it.
+func commitDoc(t *testing.T, c *composeCluster, endpoint, key, doc string) int64 {
+	t.Helper()
+	lease, err := c.client(endpoint).Acquire(c.ctx, wire.AcquireRequest{Key: key, Owner: "e2e", TTLSeconds: 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lease.Update(c.ctx, []byte(doc), client.Conditions{}); err != nil {
+		t.Fatal(err)
+	}
+	if err := lease.Release(c.ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	return lease.FencingToken
+}
+
+// killLeader kills the leader's container with SIGKILL under load: no
+// leadership hand-over, no clean shutdown. The survivors elect a leader and
+// serve every client within a bounded time, nothing acknowledged is lost,
+// and the killed node, started again on its volume, rejoins by itself.
+func killLeader(t *testing.T, c *composeCluster) {
+	load := startLoad(t, c, "kill")
+	if err := load.WaitAcks(30, 30*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	leader, err := workload.WaitLeader(c.ctx, c.endpoints, 20*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := load.Acks()
+	id := c.container(leader)
+	killedAt := time.Now()
+	mustRun(t, c.ctx, nil, "docker", "kill", "--signal", "KILL", id)
+	if code := strings.TrimSpace(mustRun(t, c.ctx, nil, "docker", "wait", id)); code != "137" {
+		t.Fatalf("%s exited with %s after SIGKILL, want 137", c.service(leader), code)
+	}
+	took, newLeader := c.servedWithout(t, load, leader, killedAt, "kill-probe")
+	t.Logf("leader %s killed (SIGKILL); first write through a survivor acknowledged %s later; %s leads; "+
+		"%d commits acknowledged without %s", c.service(leader), took.Round(time.Millisecond), c.service(newLeader),
+		load.Acks()-before, c.service(leader))
+	checkFailover(t, took)
+
+	// Started again on its volume, the killed node rejoins by itself.
+	startedAt := time.Now()
+	mustRun(t, c.ctx, nil, "docker", "start", id)
+	c.rejoined(leader, "started again", startedAt)
+	finish(t, c, load)
+}
+
+// servedWithout waits, with node gone since since, until a write through
+// another node is acknowledged (took: how long after since), the load is
+// served by the others and goes on, and another node leads (newLeader).
+func (c *composeCluster) servedWithout(t *testing.T, load *workload.Load, gone int, since time.Time, probe string) (took time.Duration, newLeader int) {
+	t.Helper()
+	took, err := workload.ProbeWrite(c.ctx, c.others(gone)[0], probe, since, 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := load.WaitServedSince(since, 40*time.Second); err != nil {
+		t.Fatalf("clients were not served by the other nodes: %v", err)
+	}
+	if err := load.WaitAcks(load.Acks()+30, 30*time.Second); err != nil {
+		t.Fatalf("while %s was gone: %v", c.service(gone), err)
+	}
+	newLeader, err = workload.WaitLeader(c.ctx, c.endpoints, 20*time.Second, gone)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return took, newLeader
+}
+
+// rejoined waits until node i, back since since, serves writes through
+// its published port: it is up and follows the cluster's leader. Whether
+// it caught up with everything committed meanwhile is finish's to check.
+func (c *composeCluster) rejoined(i int, how string, since time.Time) {
+	c.t.Helper()
+	took, err := workload.ProbeWrite(c.ctx, c.endpoints[i], "rejoined", since, 60*time.Second)
+	if err != nil {
+		c.t.Fatalf("%s %s: %v", c.service(i), how, err)
+	}
+	c.t.Logf("%s %s: serves writes %s later", c.service(i), how, took.Round(time.Millisecond))
 }
 
 // checkFailover fails the test when the first write after losing the

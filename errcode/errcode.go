@@ -20,6 +20,24 @@ type Error struct {
 	CurrentETag    string `json:"current_etag,omitempty"`
 	RetryAfter     int64  `json:"retry_after_seconds,omitempty"`
 	LeaderEndpoint string `json:"leader_endpoint,omitempty"`
+	// Home names the island coordinating a transaction (txn_coordinated,
+	// txn_not_home); it is not part of lockd's envelope.
+	Home string `json:"home_backend_hash,omitempty"`
+	// TxnID names the transaction of a txn_coordinated refusal.
+	TxnID string `json:"txn_id,omitempty"`
+	// Spends and Outpoints list the failed items of a UTXO spend
+	// (utxo_spend_failed) or outpoint operation (utxo_outpoint_failed).
+	Spends    []Item `json:"spends,omitempty"`
+	Outpoints []Item `json:"outpoints,omitempty"`
+}
+
+// Item is one failed item of a UTXO operation: its index in the request
+// and its code (for SPENT also the spender holding the output).
+type Item struct {
+	Index        int     `json:"index"`
+	Code         string  `json:"code"`
+	SpendingTxID string  `json:"spending_txid,omitempty"`
+	Vin          *uint32 `json:"vin,omitempty"`
 }
 
 func (e *Error) Error() string {
@@ -74,8 +92,9 @@ var (
 	MissingFencing     = code("missing_fencing_token")
 	InvalidFencing     = code("invalid_fencing_token")
 	InvalidIdempotency = code("invalid_idempotency_key")
-	ChecksumMismatch   = code("checksum_mismatch")
-	SizeMismatch       = code("size_mismatch")
+	InvalidChecksum    = code("invalid_expected_sha256") // X-Expected-SHA256 is not 64 hex digits
+	InvalidSize        = code("invalid_expected_bytes")  // X-Expected-Bytes is not a non-negative integer
+	InvalidTimeout     = code("invalid_timeout")         // X-Raftlockd-Timeout is not a positive duration
 	InvalidParams      = code("invalid_params")
 	NotFound           = code("not_found")
 	MethodNotAllowed   = code("method_not_allowed")
@@ -88,12 +107,28 @@ var (
 	LastVoter       = code("last_voter")       // the change would leave the cluster without a voter
 )
 
+// Authentication (the certificate a caller presented) and authorisation
+// (what it allows).
+var (
+	CertificateRequired  = code("certificate_required")  // no client certificate was presented
+	CertificateUntrusted = code("certificate_untrusted") // not signed by a CA this island trusts for the endpoint
+	CertificateExpired   = code("certificate_expired")   // outside its validity period
+	CertificateRevoked   = code("certificate_revoked")   // its serial is on the island's denylist
+	RoleForbidden        = code("role_forbidden")        // its role may not call this endpoint
+	NamespaceForbidden   = code("namespace_forbidden")   // its permissions do not cover the namespace
+	InvalidCertificate   = code("invalid_certificate")   // an uploaded certificate cannot be used
+)
+
 // Lease ownership.
 var (
 	LeaseRequired   = code("lease_required")
 	LeaseExpired    = code("lease_expired")
 	FencingMismatch = code("fencing_mismatch")
 	TxnMismatch     = code("txn_mismatch")
+	// LeaseMismatch: a release named a lease or fencing token that does not
+	// hold the key while the transaction it named is still open, so nothing
+	// was released or committed.
+	LeaseMismatch = code("lease_mismatch")
 )
 
 // Conflicts.
@@ -105,6 +140,43 @@ var (
 	TxnCommitted    = code("txn_committed")
 	TxnRolledBack   = code("txn_rolled_back")
 	TxnTooLarge     = code("txn_too_large")
+	// The body sent does not match X-Expected-SHA256 / X-Expected-Bytes.
+	ChecksumMismatch = code("expected_sha256_mismatch")
+	SizeMismatch     = code("expected_bytes_mismatch")
+)
+
+// Queues.
+var (
+	QueueEmpty           = code("queue_empty")                  // nothing ready (within the wait)
+	QueueMessageNotFound = code("queue_message_not_found")      // no such message
+	QueueLeaseMismatch   = code("queue_message_lease_mismatch") // the delivery's lease or token is not the caller's
+	InvalidQueue         = code("invalid_queue")
+	PayloadTooLarge      = code("payload_too_large")
+)
+
+// UTXO records.
+var (
+	InvalidTxID        = code("invalid_txid")         // not 64 hex digits
+	InvalidUTXOHash    = code("invalid_utxo_hash")    // not 64 hex digits
+	DuplicateVout      = code("duplicate_vout")       // an output index given twice
+	InvalidUTXORequest = code("invalid_utxo_request") // a malformed UTXO request (empty, out of range, duplicates)
+	TxExists           = code("tx_exists")            // the transaction exists or is being created
+	TxNotFound         = code("tx_not_found")         // no such transaction
+	UTXOSpendFailed    = code("utxo_spend_failed")    // a spend item failed: nothing was spent
+	UTXOUpdateFailed   = code("utxo_outpoint_failed") // an outpoint item failed: nothing changed
+)
+
+// Transactions across islands.
+var (
+	TxnPending         = code("txn_pending")          // no final decision recorded for the transaction
+	TxnBackendMismatch = code("txn_backend_mismatch") // the request names another island
+	TCTermStale        = code("tc_term_stale")        // a coordinator term older than one already seen
+	TxnLockConflict    = code("txn_lock_conflict")    // a participant is held by another transaction: LOCKED:<holder>
+	TxnNotHome         = code("txn_not_home")         // this island is a resource manager, not the coordinator
+	TxnCoordinated     = code("txn_coordinated")      // the transaction spans islands; its coordinator decides it
+	TxnFanoutFailed    = code("txn_fanout_failed")    // decision recorded, but an island did not apply it yet
+	TCRMReplication    = code("tc_rm_replication_failed")
+	TxnUnreachable     = code("txn_island_unreachable") // an island of the transaction did not answer; retry
 )
 
 // Availability.

@@ -22,6 +22,9 @@ type applyState struct {
 	dirty   bool // now or seq changed
 	events  []Event
 	backend string // set by this batch
+	term    uint64 // Raft term of the entry being applied
+	// authChanged is set when the batch changed an access list.
+	authChanged bool
 }
 
 func beginApply(tx *bolt.Tx) *applyState {
@@ -84,6 +87,38 @@ func (s *applyState) apply(data []byte) *Result {
 		return &Result{}
 	case OpSetBackend:
 		return s.setBackend(c.SetBackend)
+	case OpTxnDecide:
+		return s.txnDecide(c.Decide)
+	case OpTxnPrepare:
+		return s.txnPrepare(c.Prepare)
+	case OpTxnRMApply:
+		return s.txnRMApply(c.RMApply)
+	case OpTxnAck:
+		return s.txnAck(c.Ack)
+	case OpRMRegister:
+		return s.rmRegister(c.RMRegister)
+	case OpEnqueue:
+		return s.enqueue(c.Enqueue)
+	case OpDequeue:
+		return s.dequeue(c.Dequeue)
+	case OpQCancel:
+		return s.queueCancel(c.QCancel)
+	case OpQAck:
+		return s.queueAck(c.QAck)
+	case OpQNack:
+		return s.queueNack(c.QNack)
+	case OpQExtend:
+		return s.queueExtend(c.QExtend)
+	case OpRevoke:
+		return s.revoke(c.Revoke)
+	case OpTrust:
+		return s.trust(c.Trust)
+	case OpUTXOCreate:
+		return s.utxoCreate(c.UTXOCreate)
+	case OpUTXOSpend:
+		return s.utxoSpend(c.UTXOSpend)
+	case OpUTXOUpdate:
+		return s.utxoUpdate(c.UTXOUpdate)
 	}
 	return fail(errcode.UnknownCmd.With("%q", c.Op))
 }
@@ -106,11 +141,25 @@ func hasNUL(fields ...string) bool {
 	return false
 }
 
+// maxPartBytes bounds each name or identifier that becomes part of a bbolt
+// key, so that no composite key reaches bbolt's key size limit (a failed
+// Put would stop the node). The HTTP layer allows far less.
+const maxPartBytes = 1024
+
+func tooLong(fields ...string) bool {
+	for _, f := range fields {
+		if len(f) > maxPartBytes {
+			return true
+		}
+	}
+	return false
+}
+
 // validName rejects what would break the ns\0key layout. The HTTP layer
 // applies the user-facing rules; this keeps the state file sound whatever
 // reaches the log.
 func validName(ns, key string) *errcode.Error {
-	if ns == "" || key == "" || hasNUL(ns, key) {
+	if ns == "" || key == "" || hasNUL(ns, key) || tooLong(ns, key) {
 		return errcode.MalformedCmd.With("bad namespace or key")
 	}
 	return nil
@@ -120,7 +169,7 @@ func (s *applyState) acquire(c *AcquireCmd) *Result {
 	if err := validName(c.Namespace, c.Key); err != nil {
 		return fail(err)
 	}
-	if !nonEmpty(c.Owner, c.TxnID, c.LeaseID, c.RequestID) || hasNUL(c.TxnID) || c.TTL <= 0 || c.Wait < 0 {
+	if !nonEmpty(c.Owner, c.TxnID, c.LeaseID, c.RequestID) || hasNUL(c.TxnID) || tooLong(c.TxnID, c.RequestID) || c.TTL <= 0 || c.Wait < 0 {
 		return fail(errcode.MalformedCmd.With("acquire needs owner, txn, lease, request id and a positive ttl"))
 	}
 	t := s.txn(c.TxnID)
@@ -135,6 +184,14 @@ func (s *applyState) acquire(c *AcquireCmd) *Result {
 		return &Result{Lease: leaseInfo(c.Namespace, c.Key, &rec)}
 	}
 	if wk := s.b(bucketWaitReq).Get([]byte(c.RequestID)); wk != nil {
+		// A retry of a queued request. One that will not wait leaves the
+		// queue as it is; one that waits takes the queued place over, with
+		// its own wait budget, so that the attempt it replaced can no
+		// longer withdraw it.
+		if c.Wait == 0 {
+			return fail(waiting(&rec, s.now, "lease held by another owner"))
+		}
+		s.takeOver(bytes.Clone(wk), c.Attempt, c.Node, s.now+c.Wait)
 		return &Result{Queued: true}
 	}
 	if c.IfNotExists && (rec.State || rec.Lease != nil) {
@@ -152,15 +209,44 @@ func (s *applyState) acquire(c *AcquireCmd) *Result {
 		return &Result{Lease: leaseInfo(c.Namespace, c.Key, &rec)}
 	}
 	if c.Wait == 0 {
-		e := errcode.Waiting.With("lease held by another owner")
-		e.RetryAfter = max(1, (rec.Lease.ExpiresAt-s.now+999)/1000)
-		return fail(e)
+		return fail(waiting(&rec, s.now, "lease held by another owner"))
 	}
+	w.Attempt, w.Node = c.Attempt, c.Node
 	w.Deadline, w.EnqueuedAt = s.now+c.Wait, s.now
 	s.addWaiter(k, &rec, w)
 	s.putJSON(bucketKeys, k, rec)
 	s.emit(Event{Kind: EventTimer, When: w.Deadline})
 	return &Result{Queued: true}
+}
+
+// retryAfter is how many seconds (at least one) remain of the lease on rec.
+func retryAfter(rec *KeyRecord, now int64) int64 {
+	if rec.Lease == nil {
+		return 1
+	}
+	return max(1, (rec.Lease.ExpiresAt-now+999)/1000)
+}
+
+// waiting is the answer to an acquirer that does not (or no longer) wait for
+// the key of rec: come back when its holder's lease runs out.
+func waiting(rec *KeyRecord, now int64, detail string) *errcode.Error {
+	e := errcode.Waiting.With("%s", detail)
+	e.RetryAfter = retryAfter(rec, now)
+	return e
+}
+
+// takeOver gives the queued acquire wk to another attempt of its request,
+// waiting until deadline. It keeps its place in the queue.
+func (s *applyState) takeOver(wk []byte, attempt, node string, deadline int64) {
+	var w Waiter
+	if !s.getJSON(bucketWaiters, wk, &w) {
+		return
+	}
+	s.del(bucketWaitExp, timerKey(w.Deadline, wk))
+	w.Attempt, w.Node, w.Deadline = attempt, node, deadline
+	s.putJSON(bucketWaiters, wk, w)
+	s.put(bucketWaitExp, timerKey(w.Deadline, wk), nil)
+	s.emit(Event{Kind: EventTimer, When: w.Deadline})
 }
 
 // MaxParticipants bounds the keys of one transaction, so that deciding it
@@ -222,7 +308,8 @@ func (s *applyState) txnWaiters(txn string) [][]byte {
 	return out
 }
 
-// endWaiter removes one queued acquire and tells its requester why.
+// endWaiter removes one queued acquire and tells its requester why; a
+// requester told to wait no longer learns when the holder's lease runs out.
 func (s *applyState) endWaiter(wk []byte, why *errcode.Error) {
 	var w Waiter
 	if !s.getJSON(bucketWaiters, wk, &w) {
@@ -233,7 +320,10 @@ func (s *applyState) endWaiter(wk []byte, why *errcode.Error) {
 	rec := s.keyRecord(k)
 	rec.Waiters = max(0, rec.Waiters-1)
 	s.putJSON(bucketKeys, k, rec)
-	s.emit(Event{Kind: EventWaitEnded, RequestID: w.RequestID, Err: why})
+	if why.Code == errcode.Waiting.Code {
+		why.RetryAfter = retryAfter(&rec, s.now)
+	}
+	s.emit(Event{Kind: EventWaitEnded, RequestID: w.RequestID, Attempt: w.Attempt, Err: why})
 }
 
 // releaseLease frees k and hands it, in the same step, to the first queued
@@ -258,18 +348,19 @@ func (s *applyState) releaseLease(k []byte, rec *KeyRecord) {
 		t := s.txn(w.TxnID)
 		switch {
 		case w.Deadline <= s.now:
-			s.emit(Event{Kind: EventWaitEnded, RequestID: w.RequestID, Err: errcode.Waiting.With("acquire timed out")})
+			// The key is being handed on; when it is free again is unknown.
+			s.emit(Event{Kind: EventWaitEnded, RequestID: w.RequestID, Attempt: w.Attempt, Err: waiting(rec, s.now, "acquire timed out")})
 			continue
 		case t != nil && t.State != TxnPending:
-			s.emit(Event{Kind: EventWaitEnded, RequestID: w.RequestID, Err: decidedErr(t)})
+			s.emit(Event{Kind: EventWaitEnded, RequestID: w.RequestID, Attempt: w.Attempt, Err: decidedErr(t)})
 			continue
 		case tooLarge(t, ns, key):
-			s.emit(Event{Kind: EventWaitEnded, RequestID: w.RequestID, Err: errcode.TxnTooLarge.With("a transaction holds at most %d keys", MaxParticipants)})
+			s.emit(Event{Kind: EventWaitEnded, RequestID: w.RequestID, Attempt: w.Attempt, Err: errcode.TxnTooLarge.With("a transaction holds at most %d keys", MaxParticipants)})
 			continue
 		}
 		s.grant(ns, key, k, rec, w)
 		info := leaseInfo(ns, key, rec)
-		s.emit(Event{Kind: EventGranted, RequestID: w.RequestID, Lease: info})
+		s.emit(Event{Kind: EventGranted, RequestID: w.RequestID, Node: w.Node, Lease: info})
 		for _, other := range s.txnWaiters(w.TxnID) {
 			if !bytes.Equal(waiterOwner(other), k) {
 				continue
@@ -278,7 +369,7 @@ func (s *applyState) releaseLease(k []byte, rec *KeyRecord) {
 			if s.getJSON(bucketWaiters, other, &ow) {
 				s.removeWaiter(other, &ow)
 				rec.Waiters--
-				s.emit(Event{Kind: EventGranted, RequestID: ow.RequestID, Lease: info})
+				s.emit(Event{Kind: EventGranted, RequestID: ow.RequestID, Node: ow.Node, Lease: info})
 			}
 		}
 		break
@@ -294,19 +385,24 @@ func (s *applyState) cancelWait(c *CancelWaitCmd) *Result {
 		return fail(errcode.MalformedCmd.With("cancel needs a request id"))
 	}
 	k := keyOf(c.Namespace, c.Key)
+	rec := s.keyRecord(k)
 	if wk := s.b(bucketWaitReq).Get([]byte(c.RequestID)); wk != nil {
 		if !bytes.Equal(waiterOwner(wk), k) {
 			return fail(errcode.MalformedCmd.With("request %s waits on another key", c.RequestID))
 		}
+		var w Waiter
+		if s.getJSON(bucketWaiters, wk, &w) && w.Attempt != c.Attempt {
+			// A retry took the queued place over and is still waiting.
+			return &Result{RetryAfter: retryAfter(&rec, s.now)}
+		}
 		s.endWaiter(bytes.Clone(wk), errcode.Waiting.With("acquire cancelled"))
-		return &Result{Cancelled: true}
+		return &Result{Cancelled: true, RetryAfter: retryAfter(&rec, s.now)}
 	}
 	// Not queued any more: it was either granted meanwhile or dropped.
-	rec := s.keyRecord(k)
 	if rec.Lease != nil && rec.Lease.RequestID == c.RequestID {
 		return &Result{Lease: leaseInfo(c.Namespace, c.Key, &rec)}
 	}
-	return &Result{Cancelled: true}
+	return &Result{Cancelled: true, RetryAfter: retryAfter(&rec, s.now)}
 }
 
 func (s *applyState) keepAlive(c *KeepAliveCmd) *Result {
@@ -385,9 +481,16 @@ func (s *applyState) release(c *ReleaseCmd) *Result {
 			return fail(errcode.TxnMismatch.With("lease belongs to transaction %s", l.TxnID))
 		}
 		if c.Token != 0 && c.Token != l.Token {
-			return fail(errcode.FencingMismatch.With("fencing token %d is not the lease's %d", c.Token, l.Token))
+			// A lease id names one grant, which has one token: the request
+			// is confused, and the transaction stays open.
+			return fail(errcode.LeaseMismatch.With("fencing token %d is not the lease's %d; transaction %s is still open", c.Token, l.Token, l.TxnID))
 		}
 		t := s.txn(l.TxnID)
+		if t != nil && t.State == TxnPending && (t.Home != "" || len(t.Remotes()) > 0) {
+			e := errcode.TxnCoordinated.With("transaction %s spans islands; its coordinator decides it", l.TxnID)
+			e.Home, e.TxnID = t.Home, l.TxnID
+			return fail(e)
+		}
 		if t != nil && t.State != TxnPending {
 			// A lease outliving its transaction's decision must not happen;
 			// should it, the release frees the key.
@@ -395,10 +498,10 @@ func (s *applyState) release(c *ReleaseCmd) *Result {
 			return &Result{Released: true, Decision: t.State}
 		}
 		reason := ReasonRelease
-		if s.anyExpired(l.TxnID, t, &rec) {
+		if l.ExpiresAt <= s.now || s.expiredIn(l.TxnID, t) {
 			// All or nothing: a transaction with an expired lease cannot commit.
 			if !c.Rollback {
-				return fail(errcode.LeaseExpired.With("a lease of the transaction expired; its changes will be rolled back"))
+				return fail(errcode.TxnRolledBack.With("a lease of the transaction expired, so it rolls back; nothing was committed"))
 			}
 			reason = ReasonExpired
 		}
@@ -407,45 +510,42 @@ func (s *applyState) release(c *ReleaseCmd) *Result {
 	}
 	// The lease is gone. A retried release is answered from the recorded
 	// decision, which never changes.
-	t := s.txn(c.TxnID)
-	if t == nil || t.State == TxnPending || !t.has(c.Namespace, c.Key) {
+	if c.TxnID == "" {
 		return fail(errcode.LeaseRequired.With("lease %s does not hold %s/%s", c.LeaseID, c.Namespace, c.Key))
 	}
+	t := s.txn(c.TxnID)
 	switch {
+	case t == nil:
+		// Nothing is known of the transaction: its decision was forgotten
+		// after the retention period, or it never existed. As in lockd, a
+		// release of a lease that is gone is done.
+		return &Result{Released: true}
+	case t.State == TxnPending:
+		return fail(errcode.LeaseMismatch.With("lease %s does not hold %s/%s; transaction %s is still open", c.LeaseID, c.Namespace, c.Key, c.TxnID))
 	case t.State == TxnCommit && !c.Rollback, t.State == TxnRollback && c.Rollback:
 		return &Result{Released: true, Decision: t.State}
 	case t.State == TxnRollback && t.Reason == ReasonExpired:
-		return fail(errcode.LeaseExpired.With("lease expired and its transaction was rolled back"))
+		return fail(errcode.TxnRolledBack.With("a lease of the transaction expired and it was rolled back; nothing was committed"))
 	default:
 		return fail(decidedErr(t))
 	}
 }
 
-// anyExpired reports whether a lease of txn (rec's included) has
-// passed its expiry.
-func (s *applyState) anyExpired(txn string, t *TxnRecord, rec *KeyRecord) bool {
-	if rec.Lease.ExpiresAt <= s.now {
-		return true
-	}
-	if t == nil {
-		return false
-	}
-	for _, p := range t.Participants {
-		r := s.keyRecord(keyOf(p.Namespace, p.Key))
-		if r.Lease != nil && r.Lease.TxnID == txn && r.Lease.ExpiresAt <= s.now {
-			return true
-		}
-	}
-	return false
+// decide records the final decision for txn and applies it to every
+// local participant in one step: the transaction's queued acquires leave
+// their queues, staged writes are promoted (commit) or dropped (rollback),
+// its leases are released and each freed key goes to its next queued
+// acquirer. The decision is stored first, so the transaction can never be
+// granted a key again. It returns the recorded decision.
+func (s *applyState) decide(txn string, commit bool, reason string) string {
+	return s.decideFinal(txn, commit, reason, "")
 }
 
-// decide records the final decision for txn and applies it to every
-// participant in one step: the transaction's queued acquires leave their
-// queues, staged writes are promoted (commit) or dropped (rollback), its
-// leases are released and each freed key goes to its next queued acquirer.
-// The decision is stored first, so the transaction can never be granted a
-// key again. It returns the recorded decision.
-func (s *applyState) decide(txn string, commit bool, reason string) string {
+// decideFinal is decide with a detail (for example the holder of a
+// conflicting lock). A decision of this island's coordinator that other
+// islands must apply is queued for fan-out until they all did; any other
+// decision only waits out its retention.
+func (s *applyState) decideFinal(txn string, commit bool, reason, detail string) string {
 	t := s.txn(txn)
 	if t == nil {
 		t = &TxnRecord{State: TxnPending, CreatedAt: s.now}
@@ -457,27 +557,27 @@ func (s *applyState) decide(txn string, commit bool, reason string) string {
 	if commit {
 		t.State = TxnCommit
 	}
-	t.Reason = reason
+	t.Reason, t.Detail = reason, detail
 	t.DecidedAt = s.now
+	if t.Home == "" {
+		t.TCTerm = s.term
+		s.setExpiry(txn, t, 0)
+	}
+	s.setDoubt(txn, t, 0)
+	if t.Home == "" && len(t.Remotes()) > 0 {
+		s.put(bucketTxnFanout, timerKey(s.now, []byte(txn)), nil)
+		s.emit(Event{Kind: EventFanout, TxnID: txn})
+	} else {
+		s.put(bucketTxnDone, timerKey(s.now, []byte(txn)), nil)
+	}
 	s.putJSON(bucketTxns, []byte(txn), t)
-	s.put(bucketTxnDone, timerKey(s.now, []byte(txn)), nil)
 	for _, wk := range s.txnWaiters(txn) {
 		s.endWaiter(wk, decidedErr(t))
 	}
-	for _, p := range t.Participants {
-		k := keyOf(p.Namespace, p.Key)
-		rec := s.keyRecord(k)
-		if commit {
-			if w, ok := s.staged(txn, p.Namespace, p.Key); ok {
-				s.promote(k, &rec, w)
-			}
-		}
-		if rec.Lease != nil && rec.Lease.TxnID == txn {
-			s.releaseLease(k, &rec)
-		} else {
-			s.putJSON(bucketKeys, k, rec)
-		}
-	}
+	locals(t.Participants, func(p Participant) bool {
+		s.resource(p).finish(txn, commit)
+		return true
+	})
 	must(staging.In(s.tx).Discard(txn))
 	return t.State
 }
@@ -517,6 +617,19 @@ func (s *applyState) sweep(c *SweepCmd) *Result {
 	// Every lease, waiter, participant and record touched costs one unit of
 	// the budget, so one sweep entry is a bounded step on every node.
 	budget := c.Limit
+	// Presumed abort: this coordinator's pending decisions past their expiry.
+	for _, tk := range s.dueKeys(bucketTxnExp, s.now, budget) {
+		budget--
+		_, id := splitTimer(tk)
+		t := s.txn(string(id))
+		if t == nil || t.State != TxnPending || t.Home != "" || t.ExpiresAt > s.now {
+			s.del(bucketTxnExp, tk) // stale index entry
+			continue
+		}
+		budget -= len(t.Participants)
+		s.decideFinal(string(id), false, ReasonPresumedAbort, "the pending decision expired")
+		res.Expired++
+	}
 	for _, tk := range s.dueKeys(bucketLeaseExp, s.now, budget) {
 		if budget <= 0 {
 			break
@@ -533,10 +646,21 @@ func (s *applyState) sweep(c *SweepCmd) *Result {
 			s.releaseLease(k, &rec) // a lease outliving its decision; free the key
 			continue
 		}
+		if t.Home != "" {
+			// A prepared participant keeps its lock until its coordinator
+			// decides; its expiry is the moment to ask for the decision.
+			s.del(bucketLeaseExp, tk)
+			if t.DoubtAt == 0 || t.DoubtAt > s.now {
+				s.setDoubt(rec.Lease.TxnID, t, s.now)
+				s.storeTxn(rec.Lease.TxnID, t)
+			}
+			continue
+		}
 		budget -= len(t.Participants) - 1
 		s.decide(rec.Lease.TxnID, false, ReasonExpired)
 		res.Expired++
 	}
+
 	for _, tk := range s.dueKeys(bucketWaitExp, s.now, max(budget, 0)) {
 		budget--
 		_, wk := splitTimer(tk)
@@ -554,18 +678,26 @@ func (s *applyState) sweep(c *SweepCmd) *Result {
 		s.del(bucketTxns, id)
 		res.Forgotten++
 	}
+	budget = s.sweepQueues(budget, res)
+	budget = s.sweepUTXO(budget, res)
 	res.More = budget <= 0
 	return &Result{Sweep: res}
 }
 
 func (s *applyState) setBackend(c *SetBackendCmd) *Result {
-	if c.Hash == "" || len(c.Hash) > 128 {
-		return fail(errcode.MalformedCmd.With("backend hash must be 1-128 bytes"))
+	if len(c.Hash) > 128 || c.Voters < 0 || c.Voters > maxVoters || c.Hash == "" && c.Voters == 0 {
+		return fail(errcode.MalformedCmd.With("set_backend needs a hash of 1-128 bytes or a voter count of 1-%d", maxVoters))
 	}
 	meta := s.b(bucketMeta)
-	if meta.Get(metaBackend) == nil {
+	if c.Hash != "" && meta.Get(metaBackend) == nil {
 		s.put(bucketMeta, metaBackend, []byte(c.Hash))
 		s.backend = c.Hash
 	}
+	if c.Voters > 0 && uint64(c.Voters) > u64(meta.Get(metaVoters)) {
+		s.put(bucketMeta, metaVoters, putU64(uint64(c.Voters)))
+	}
 	return &Result{}
 }
+
+// maxVoters bounds a recorded voter count.
+const maxVoters = 1 << 16

@@ -103,8 +103,9 @@ func walk(b *bolt.Bucket) error {
 // CheckStateFile, to replace this state machine's state without moving back
 // what must only move forward: every key's fencing counter is raised to at
 // least its current value (a key the file does not know gets a record that
-// holds only its counter), the replicated clock to at least the current
-// one, and the island keeps its backend hash. Documents, versions, leases,
+// holds only its counter), the replicated clock and the island's voter
+// high-water mark to at least the current ones, and the island keeps its
+// backend hash. Documents, versions, leases,
 // queues and transactions are the file's. The caller must keep commands
 // from being applied between this call and the restore.
 func (f *FSM) PrepareRestore(path string) error {
@@ -145,6 +146,12 @@ func (f *FSM) PrepareRestore(path string) error {
 				meta := tx.Bucket(bucketMeta)
 				if clock := u64(cur.b(bucketMeta).Get(metaNow)); clock > u64(meta.Get(metaNow)) {
 					if err := meta.Put(metaNow, putU64(clock)); err != nil {
+						return err
+					}
+				}
+				// The island's voter high-water mark only rises too.
+				if voters := u64(cur.b(bucketMeta).Get(metaVoters)); voters > u64(meta.Get(metaVoters)) {
+					if err := meta.Put(metaVoters, putU64(voters)); err != nil {
 						return err
 					}
 				}

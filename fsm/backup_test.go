@@ -90,9 +90,9 @@ func TestCheckStateFileRejectsDamagedFiles(t *testing.T) {
 	}
 }
 
-// PrepareRestore raises fencing counters and the replicated clock to the
-// current state's and keeps the island's backend hash; the rest is the
-// backup's.
+// PrepareRestore raises fencing counters, the replicated clock and the
+// voter high-water mark to the current state's and keeps the island's
+// backend hash; the rest is the backup's.
 func TestPrepareRestoreKeepsFencingTokensGrowing(t *testing.T) {
 	h := openHarness(t, t.TempDir())
 	h.one(&Command{Op: OpSetBackend, SetBackend: &SetBackendCmd{Hash: "island-a"}})
@@ -109,6 +109,7 @@ func TestPrepareRestoreKeepsFencingTokensGrowing(t *testing.T) {
 		h.one(release(l, false))
 	}
 	mustLease(t, h.one(acq("b", "tb", "rb", 60_000, 0)))
+	h.one(&Command{Op: OpSetBackend, SetBackend: &SetBackendCmd{Voters: 5}})
 	now := h.f.Now()
 
 	if err := h.f.PrepareRestore(backup); err != nil {
@@ -128,6 +129,11 @@ func TestPrepareRestoreKeepsFencingTokensGrowing(t *testing.T) {
 	}
 	if dst.f.Now() != now || dst.f.BackendHash() != "island-a" {
 		t.Fatalf("clock %d (want %d), backend %q (want the restoring island's)", dst.f.Now(), now, dst.f.BackendHash())
+	}
+	var voters int
+	_ = dst.f.View(func(v *View) error { voters = v.MaxVoters(); return nil })
+	if voters != 5 {
+		t.Fatalf("the voter high-water mark went back to %d after the restore, want 5", voters)
 	}
 	dst.index, dst.now = dst.f.Applied(), now+1000
 	if la := mustLease(t, dst.one(acq("a", "t9", "r9", 60_000, 0))); la.Token != 4 {

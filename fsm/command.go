@@ -21,6 +21,22 @@ const (
 	OpSweep      Op = "sweep"
 	OpNoop       Op = "noop"
 	OpSetBackend Op = "set_backend"
+	OpTxnDecide  Op = "txn_decide"
+	OpTxnPrepare Op = "txn_prepare"
+	OpTxnRMApply Op = "txn_rm_apply"
+	OpTxnAck     Op = "txn_ack"
+	OpRMRegister Op = "rm_register"
+	OpEnqueue    Op = "enqueue"
+	OpDequeue    Op = "dequeue"
+	OpQCancel    Op = "queue_cancel"
+	OpQAck       Op = "queue_ack"
+	OpQNack      Op = "queue_nack"
+	OpQExtend    Op = "queue_extend"
+	OpRevoke     Op = "auth_revoke"
+	OpTrust      Op = "tc_trust"
+	OpUTXOCreate Op = "utxo_create"
+	OpUTXOSpend  Op = "utxo_spend"
+	OpUTXOUpdate Op = "utxo_update"
 )
 
 // formatV1 is the first byte of every encoded command.
@@ -31,16 +47,32 @@ const formatV1 = 1
 // proposer mints every identifier, so Apply never reads a clock or a random
 // source. Exactly one of the operation fields is set, matching Op.
 type Command struct {
-	Op         Op             `json:"op"`
-	Now        int64          `json:"now"`
-	Acquire    *AcquireCmd    `json:"acquire,omitempty"`
-	CancelWait *CancelWaitCmd `json:"cancel_wait,omitempty"`
-	KeepAlive  *KeepAliveCmd  `json:"keepalive,omitempty"`
-	Write      *WriteCmd      `json:"write,omitempty"`
-	Release    *ReleaseCmd    `json:"release,omitempty"`
-	Sweep      *SweepCmd      `json:"sweep,omitempty"`
-	Noop       *NoopCmd       `json:"noop,omitempty"`
-	SetBackend *SetBackendCmd `json:"set_backend,omitempty"`
+	Op         Op              `json:"op"`
+	Now        int64           `json:"now"`
+	Acquire    *AcquireCmd     `json:"acquire,omitempty"`
+	CancelWait *CancelWaitCmd  `json:"cancel_wait,omitempty"`
+	KeepAlive  *KeepAliveCmd   `json:"keepalive,omitempty"`
+	Write      *WriteCmd       `json:"write,omitempty"`
+	Release    *ReleaseCmd     `json:"release,omitempty"`
+	Sweep      *SweepCmd       `json:"sweep,omitempty"`
+	Noop       *NoopCmd        `json:"noop,omitempty"`
+	SetBackend *SetBackendCmd  `json:"set_backend,omitempty"`
+	Decide     *DecideCmd      `json:"decide,omitempty"`
+	Prepare    *PrepareCmd     `json:"prepare,omitempty"`
+	RMApply    *RMApplyCmd     `json:"rm_apply,omitempty"`
+	Ack        *AckCmd         `json:"ack,omitempty"`
+	RMRegister *RMRegisterCmd  `json:"rm_register,omitempty"`
+	Enqueue    *EnqueueCmd     `json:"enqueue,omitempty"`
+	Dequeue    *DequeueCmd     `json:"dequeue,omitempty"`
+	QCancel    *QueueCancelCmd `json:"queue_cancel,omitempty"`
+	QAck       *QueueAckCmd    `json:"queue_ack,omitempty"`
+	QNack      *QueueNackCmd   `json:"queue_nack,omitempty"`
+	QExtend    *QueueExtendCmd `json:"queue_extend,omitempty"`
+	Revoke     *RevokeCmd      `json:"auth_revoke,omitempty"`
+	Trust      *TrustCmd       `json:"tc_trust,omitempty"`
+	UTXOCreate *UTXOCreateCmd  `json:"utxo_create,omitempty"`
+	UTXOSpend  *UTXOSpendCmd   `json:"utxo_spend,omitempty"`
+	UTXOUpdate *UTXOUpdateCmd  `json:"utxo_update,omitempty"`
 }
 
 // AcquireCmd grants a lease on a key, or queues the caller behind the holder.
@@ -54,13 +86,23 @@ type AcquireCmd struct {
 	TTL         int64  `json:"ttl"`            // milliseconds, > 0
 	Wait        int64  `json:"wait,omitempty"` // milliseconds; 0 never queues
 	IfNotExists bool   `json:"if_not_exists,omitempty"`
+	// Attempt names this attempt of the request (a retry carries the
+	// RequestID of the first attempt and an Attempt of its own). A retry
+	// that finds the request queued takes the queued place over.
+	Attempt string `json:"attempt,omitempty"`
+	// Node is the server where the requester waits, so that the leader can
+	// tell it of a grant at once.
+	Node string `json:"node,omitempty"`
 }
 
-// CancelWaitCmd withdraws a queued acquire whose caller stopped waiting.
+// CancelWaitCmd withdraws a queued acquire whose caller stopped waiting. It
+// withdraws it only while Attempt is the attempt that last took the queued
+// place: a cancel from an attempt a retry replaced changes nothing.
 type CancelWaitCmd struct {
 	Namespace string `json:"ns"`
 	Key       string `json:"key"`
 	RequestID string `json:"req"`
+	Attempt   string `json:"attempt,omitempty"`
 }
 
 // KeepAliveCmd extends a lease.
@@ -110,10 +152,14 @@ type SweepCmd struct {
 // known to be applied.
 type NoopCmd struct{}
 
-// SetBackendCmd names the island: the first one applied sets the cluster's
-// backend hash for good; later ones change nothing.
+// SetBackendCmd names the island and records its size: the first Hash
+// applied sets the cluster's backend hash for good (later ones change
+// nothing), and Voters raises the island's voter high-water mark (the most
+// voters its leaders have seen alive), which never goes down. At least one
+// of the two is set.
 type SetBackendCmd struct {
-	Hash string `json:"hash"`
+	Hash   string `json:"hash,omitempty"`
+	Voters int    `json:"voters,omitempty"`
 }
 
 // Encode frames c as a format byte, its JSON header, a newline and the raw
@@ -125,8 +171,13 @@ func Encode(c *Command) ([]byte, error) {
 		return nil, fmt.Errorf("fsm: encode %s: %w", c.Op, err)
 	}
 	var doc []byte
-	if c.Write != nil {
+	switch {
+	case c.Write != nil:
 		doc = c.Write.Doc
+	case c.Enqueue != nil:
+		doc = c.Enqueue.Payload
+	case c.UTXOCreate != nil:
+		doc = EncodeUTXOOuts(c.UTXOCreate.Outputs)
 	}
 	out := make([]byte, 0, 2+len(h)+len(doc))
 	out = append(out, formatV1)
@@ -151,7 +202,11 @@ func Decode(data []byte) (*Command, error) {
 	}
 	payload := data[i+1:]
 	set := 0
-	for _, p := range []bool{c.Acquire != nil, c.CancelWait != nil, c.KeepAlive != nil, c.Write != nil, c.Release != nil, c.Sweep != nil, c.Noop != nil, c.SetBackend != nil} {
+	for _, p := range []bool{c.Acquire != nil, c.CancelWait != nil, c.KeepAlive != nil, c.Write != nil, c.Release != nil,
+		c.Sweep != nil, c.Noop != nil, c.SetBackend != nil, c.Decide != nil, c.Prepare != nil, c.RMApply != nil,
+		c.Ack != nil, c.RMRegister != nil, c.Enqueue != nil, c.Dequeue != nil, c.QCancel != nil, c.QAck != nil,
+		c.QNack != nil, c.QExtend != nil, c.Revoke != nil, c.Trust != nil, c.UTXOCreate != nil, c.UTXOSpend != nil,
+		c.UTXOUpdate != nil} {
 		if p {
 			set++
 		}
@@ -177,15 +232,56 @@ func Decode(data []byte) (*Command, error) {
 		ok = c.Noop != nil
 	case OpSetBackend:
 		ok = c.SetBackend != nil
+	case OpTxnDecide:
+		ok = c.Decide != nil
+	case OpTxnPrepare:
+		ok = c.Prepare != nil
+	case OpTxnRMApply:
+		ok = c.RMApply != nil
+	case OpTxnAck:
+		ok = c.Ack != nil
+	case OpRMRegister:
+		ok = c.RMRegister != nil
+	case OpEnqueue:
+		ok = c.Enqueue != nil
+	case OpDequeue:
+		ok = c.Dequeue != nil
+	case OpQCancel:
+		ok = c.QCancel != nil
+	case OpQAck:
+		ok = c.QAck != nil
+	case OpQNack:
+		ok = c.QNack != nil
+	case OpQExtend:
+		ok = c.QExtend != nil
+	case OpRevoke:
+		ok = c.Revoke != nil
+	case OpTrust:
+		ok = c.Trust != nil
+	case OpUTXOCreate:
+		ok = c.UTXOCreate != nil
+	case OpUTXOSpend:
+		ok = c.UTXOSpend != nil
+	case OpUTXOUpdate:
+		ok = c.UTXOUpdate != nil
 	default:
 		return nil, errcode.UnknownCmd.With("%q", c.Op)
 	}
 	if !ok {
 		return nil, errcode.MalformedCmd.With("op %q does not match its body", c.Op)
 	}
-	if c.Write != nil && !c.Write.Delete {
+	switch {
+	case c.Write != nil && !c.Write.Delete:
 		c.Write.Doc = bytes.Clone(payload)
-	} else if len(payload) > 0 {
+	case c.Enqueue != nil:
+		c.Enqueue.Payload = bytes.Clone(payload)
+	case c.UTXOCreate != nil:
+		outs, ok := decodeUTXOOuts(payload)
+		if !ok {
+			return nil, errcode.MalformedCmd.With("bad utxo outputs")
+		}
+		c.UTXOCreate.Outputs = outs
+	case len(payload) > 0:
 		return nil, errcode.MalformedCmd.With("unexpected payload")
 	}
 	return &c, nil

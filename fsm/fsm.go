@@ -61,6 +61,7 @@ type FSM struct {
 	appliedTerm atomic.Uint64
 	now         atomic.Int64 // replicated clock, Unix ms
 	backend     atomic.Pointer[string]
+	authGen     atomic.Uint64 // see AuthGeneration
 	signalMu    sync.Mutex
 	signal      chan struct{} // closed and replaced after every batch
 }
@@ -207,6 +208,7 @@ func (f *FSM) loadMeta() {
 		f.now.Store(int64(u64(meta.Get(metaNow))))
 		b := string(meta.Get(metaBackend))
 		f.backend.Store(&b)
+		f.authGen.Add(1)
 		f.setApplied(u64(v))
 		return nil
 	})
@@ -292,6 +294,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	var last, lastTerm uint64
 	var now int64
 	var backend string
+	var authChanged bool
 	f.mu.RLock()
 	err := f.db.Update(func(tx *bolt.Tx) (err error) {
 		defer func() {
@@ -311,6 +314,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 				continue
 			}
 			if l.Type == raft.LogCommand {
+				s.term = l.Term
 				out[i] = s.apply(l.Data)
 			}
 			last, lastTerm = l.Index, l.Term
@@ -318,7 +322,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 		if last > applied {
 			s.finish(last, lastTerm)
 		}
-		events, now, backend = s.events, s.now, s.backend
+		events, now, backend, authChanged = s.events, s.now, s.backend, s.authChanged
 		return nil
 	})
 	f.mu.RUnlock()
@@ -335,6 +339,9 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	f.now.Store(now)
 	if backend != "" {
 		f.backend.Store(&backend)
+	}
+	if authChanged {
+		f.authGen.Add(1)
 	}
 	f.setApplied(last)
 	if len(events) > 0 {

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"os"
 	"path/filepath"
 	"strconv"
 	"testing"
@@ -230,7 +231,7 @@ func TestExpiryRollsBackTheWholeTransactionAndHandsOff(t *testing.T) {
 		}
 	}
 	wantCode(t, h.one(update(a, `{"late":1}`)), errcode.LeaseExpired)
-	wantCode(t, h.one(release(a, false)), errcode.LeaseExpired)
+	wantCode(t, h.one(release(a, false)), errcode.TxnRolledBack)
 	if r := h.one(release(a, true)); !r.Released {
 		t.Fatalf("rollback release after expiry: %+v", r)
 	}
@@ -260,6 +261,152 @@ func TestRetriedAcquireGetsTheSameLease(t *testing.T) {
 	if r.Lease == nil || r.Lease.LeaseID != "lease-r2" {
 		t.Fatalf("cancel after grant: %+v", r)
 	}
+}
+
+// attempt makes c (an acquire or a cancel) one attempt of its request.
+func attempt(c *Command, id string) *Command {
+	if c.Acquire != nil {
+		c.Acquire.Attempt = id
+	}
+	if c.CancelWait != nil {
+		c.CancelWait.Attempt = id
+	}
+	return c
+}
+
+func cancelWait(req, attemptID string) *Command {
+	return &Command{Op: OpCancelWait, CancelWait: &CancelWaitCmd{Namespace: "default", Key: "k", RequestID: req, Attempt: attemptID}}
+}
+
+// A retry of a queued acquire takes the queued place over: the attempt it
+// replaced can no longer withdraw it, and the end of the wait is reported
+// to the attempt that waits.
+func TestRetryTakesOverTheQueuedPlace(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	holder := mustLease(t, h.one(acq("k", "t1", "r1", 60_000, 0)))
+	if r := h.one(acq("k", "t0", "r0", 10_000, 60_000)); !r.Queued {
+		t.Fatalf("%+v", r)
+	}
+	if r := h.one(attempt(acq("k", "t2", "req", 10_000, 5_000), "A")); !r.Queued {
+		t.Fatalf("first attempt not queued: %+v", r)
+	}
+	// A retry that does not wait answers at once and leaves the queue alone.
+	r := h.one(attempt(acq("k", "t3", "req", 10_000, 0), "C"))
+	wantCode(t, r, errcode.Waiting)
+	if r.Err.RetryAfter != 60 {
+		t.Fatalf("retry_after %d, want the holder's remaining 60s", r.Err.RetryAfter)
+	}
+	h.now += 1_000
+	if r := h.one(attempt(acq("k", "t4", "req", 10_000, 30_000), "B")); !r.Queued {
+		t.Fatalf("retry not queued: %+v", r)
+	}
+	checkInvariants(t, h)
+	// The abandoned first attempt cancels: nothing changes.
+	before := h.hashWithoutMeta()
+	h.rec.events = nil
+	if r := h.one(cancelWait("req", "A")); r.Cancelled || r.Lease != nil || r.RetryAfter != 59 {
+		t.Fatalf("cancel of a replaced attempt: %+v", r)
+	}
+	if !bytes.Equal(before, h.hashWithoutMeta()) || len(events(h, EventWaitEnded)) != 0 {
+		t.Fatalf("a replaced attempt withdrew the queued request: %+v", h.rec.events)
+	}
+	// The retry's own budget counts: past the first attempt's deadline the
+	// request still waits.
+	h.now += 10_000
+	h.one(sweep())
+	if ended := events(h, EventWaitEnded); ended["req"] != nil {
+		t.Fatalf("the retry was timed out on the first attempt's deadline: %+v", ended["req"])
+	}
+	// It keeps its place: after r0, before anyone who queued later.
+	if r := h.one(acq("k", "t5", "r5", 10_000, 30_000)); !r.Queued {
+		t.Fatalf("%+v", r)
+	}
+	h.rec.events = nil
+	h.one(release(holder, false))
+	g := events(h, EventGranted)
+	if g["r0"] == nil {
+		t.Fatalf("r0 not granted: %+v", h.rec.events)
+	}
+	h.rec.events = nil
+	h.one(release(g["r0"].Lease, false))
+	g = events(h, EventGranted)
+	if g["req"] == nil || g["req"].Lease.LeaseID != "lease-req" {
+		t.Fatalf("the retried request lost its place: %+v", h.rec.events)
+	}
+	// Cancelling the attempt that waits after the grant returns the lease.
+	if r := h.one(cancelWait("req", "B")); r.Lease == nil || r.Lease.LeaseID != "lease-req" {
+		t.Fatalf("%+v", r)
+	}
+	checkInvariants(t, h)
+}
+
+// The attempt that waits withdraws the request; its end is reported with
+// that attempt and when the holder's lease runs out.
+func TestCancelByTheWaitingAttempt(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	mustLease(t, h.one(acq("k", "t1", "r1", 10_000, 0)))
+	h.one(attempt(acq("k", "t2", "req", 10_000, 5_000), "A"))
+	h.one(attempt(acq("k", "t2", "req", 10_000, 5_000), "B"))
+	h.now += 2_500
+	h.rec.events = nil
+	r := h.one(cancelWait("req", "B"))
+	if !r.Cancelled || r.RetryAfter != 8 {
+		t.Fatalf("cancel: %+v", r)
+	}
+	e := events(h, EventWaitEnded)["req"]
+	if e == nil || e.Attempt != "B" || !errors.Is(e.Err, errcode.Waiting) || e.Err.RetryAfter != 8 {
+		t.Fatalf("wait end: %+v", e)
+	}
+	// A queued acquire that times out learns when to come back too.
+	h.one(attempt(acq("k", "t3", "late", 10_000, 1_000), "L"))
+	h.now += 1_000
+	h.rec.events = nil
+	h.one(sweep())
+	e = events(h, EventWaitEnded)["late"]
+	if e == nil || e.Attempt != "L" || e.Err.RetryAfter != 7 {
+		t.Fatalf("timeout: %+v", e)
+	}
+	checkInvariants(t, h)
+}
+
+// Release answers: from the lease while it holds the key, from the recorded
+// decision after, like lockd when nothing is known.
+func TestReleaseAnswers(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	l := mustLease(t, h.one(acq("k", "t1", "r1", 10_000, 0)))
+	h.one(update(l, `{"v":1}`))
+	wrongToken := release(l, false)
+	wrongToken.Release.Token = 9
+	wantCode(t, h.one(wrongToken), errcode.LeaseMismatch)
+	otherLease := release(l, false)
+	otherLease.Release.LeaseID = "not-the-lease"
+	wantCode(t, h.one(otherLease), errcode.LeaseMismatch)
+	otherTxn := release(l, false)
+	otherTxn.Release.TxnID = "t9"
+	wantCode(t, h.one(otherTxn), errcode.TxnMismatch)
+	if d := h.publicDoc("k"); d.Exists {
+		t.Fatal("a rejected release committed")
+	}
+	if r := h.one(release(l, false)); !r.Released || r.Decision != TxnCommit {
+		t.Fatalf("%+v", r)
+	}
+	if r := h.one(release(l, false)); !r.Released || r.Decision != TxnCommit {
+		t.Fatalf("retried release: %+v", r)
+	}
+	wantCode(t, h.one(release(l, true)), errcode.TxnCommitted)
+	// A transaction nobody knows (forgotten, or never there): released.
+	gone := release(&LeaseInfo{Namespace: "default", Key: "k", LeaseID: "old", TxnID: "t-unknown"}, false)
+	before := h.hashWithoutMeta()
+	if r := h.one(gone); r.Err != nil || !r.Released || r.Decision != "" {
+		t.Fatalf("release of an unknown transaction: %+v", r)
+	}
+	if !bytes.Equal(before, h.hashWithoutMeta()) {
+		t.Fatal("release of an unknown transaction changed the state")
+	}
+	// Rolled back on purpose, then asked to commit.
+	l2 := mustLease(t, h.one(acq("k", "t2", "r2", 10_000, 0)))
+	h.one(release(l2, true))
+	wantCode(t, h.one(release(l2, false)), errcode.TxnRolledBack)
 }
 
 func TestCASAndFencing(t *testing.T) {
@@ -300,8 +447,7 @@ func TestCASAndFencing(t *testing.T) {
 // every rejected one leaves the buckets exactly as they were, and that the
 // cross-bucket invariants hold after every step.
 func TestRejectedCommandsChangeNothing(t *testing.T) {
-	seed := time.Now().UnixNano()
-	t.Logf("seed %d", seed)
+	seed := testSeed(t)
 	g := newGen(seed)
 	h := openHarness(t, t.TempDir())
 	accepted := 0
@@ -329,8 +475,7 @@ func TestRejectedCommandsChangeNothing(t *testing.T) {
 // TestSameLogSameState applies one random log to two state machines in
 // different batch sizes and compares every bucket.
 func TestSameLogSameState(t *testing.T) {
-	seed := time.Now().UnixNano()
-	t.Logf("seed %d", seed)
+	seed := testSeed(t)
 	g := newGen(seed)
 	a := openHarness(t, t.TempDir())
 	var logs []*raft.Log
@@ -493,22 +638,46 @@ func TestMalformedEntriesAreRejectedDeterministically(t *testing.T) {
 	}
 }
 
+// FuzzDecode decodes arbitrary log entries and applies each to a fresh state
+// machine that already holds leases, a waiter, a document, a delivery and
+// transactions (fuzzPrelude): nothing panics, a rejected entry changes no
+// bucket and the cross-bucket invariants hold afterwards.
 func FuzzDecode(f *testing.F) {
-	for _, c := range []*Command{acq("k", "t", "r", 1, 0), update(&LeaseInfo{Namespace: "n", Key: "k", LeaseID: "l"}, `{}`), sweep()} {
-		data, _ := Encode(c)
+	for _, c := range fuzzSeeds() {
+		data, err := Encode(c)
+		if err != nil {
+			f.Fatal(err)
+		}
 		f.Add(data)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		c, err := Decode(data)
-		if err != nil {
-			return
+		c, decErr := Decode(data)
+		if decErr == nil {
+			again, err := Encode(c)
+			if err != nil {
+				t.Fatalf("decoded command does not encode: %v", err)
+			}
+			if _, err := Decode(again); err != nil {
+				t.Fatalf("re-encoded command does not decode: %v", err)
+			}
 		}
-		again, err := Encode(c)
-		if err != nil {
-			t.Fatalf("decoded command does not encode: %v", err)
+		h := openHarness(t, fuzzDir(t))
+		for i, r := range h.run(fuzzPrelude()...) {
+			if r.Err != nil {
+				t.Fatalf("prelude step %d: %v", i, r.Err)
+			}
 		}
-		if _, err := Decode(again); err != nil {
-			t.Fatalf("re-encoded command does not decode: %v", err)
+		before := h.hashWithoutMeta()
+		h.index++
+		r := h.f.ApplyBatch([]*raft.Log{{Index: h.index, Term: 1, Type: raft.LogCommand, Data: data}})[0].(*Result)
+		if decErr != nil && r.Err == nil {
+			t.Fatalf("an entry Decode rejects (%v) was applied", decErr)
+		}
+		if r.Err != nil && !bytes.Equal(before, h.hashWithoutMeta()) {
+			t.Fatalf("rejected entry (%v) changed the state", r.Err)
+		}
+		if err := invariants(h); err != nil {
+			t.Fatalf("after %v: %v", r.Err, err)
 		}
 	})
 }
@@ -597,7 +766,7 @@ func TestCommitRefusedWhenAnyLeaseOfTheTransactionExpired(t *testing.T) {
 	h.one(update(a, `{"a":1}`))
 	h.one(update(b, `{"b":1}`))
 	h.now += 1_500
-	wantCode(t, h.one(release(b, false)), errcode.LeaseExpired)
+	wantCode(t, h.one(release(b, false)), errcode.TxnRolledBack)
 	if d := h.publicDoc("a"); d.Exists {
 		t.Fatalf("a committed with an expired lease: %+v", d)
 	}
@@ -676,12 +845,16 @@ func invariants(h *harness) error {
 				return fmt.Errorf("%q has waiters but no holder", k)
 			}
 			if rec.Lease != nil {
-				leases++
-				if v.tx.Bucket(bucketLeaseExp).Get(timerKey(rec.Lease.ExpiresAt, k)) == nil {
-					return fmt.Errorf("lease on %q lacks its expiry index", k)
-				}
-				if tr := v.Txn(rec.Lease.TxnID); tr == nil || tr.State != TxnPending {
+				tr := v.Txn(rec.Lease.TxnID)
+				if tr == nil || tr.State != TxnPending {
 					return fmt.Errorf("lease on %q belongs to a decided or unknown txn", k)
+				}
+				if v.tx.Bucket(bucketLeaseExp).Get(timerKey(rec.Lease.ExpiresAt, k)) != nil {
+					leases++
+				} else if tr.Home == "" {
+					// Only a prepared participant outlives its expiry,
+					// locked until its coordinator decides.
+					return fmt.Errorf("lease on %q lacks its expiry index", k)
 				}
 			}
 		}
@@ -695,4 +868,18 @@ func invariants(h *harness) error {
 		}
 		return nil
 	})
+}
+
+// testSeed is the random seed of a generated test: RAFTLOCKD_FSM_SEED when
+// set (to rerun a failure), the clock otherwise. It is logged.
+func testSeed(t *testing.T) int64 {
+	seed := time.Now().UnixNano()
+	if v := os.Getenv("RAFTLOCKD_FSM_SEED"); v != "" {
+		var err error
+		if seed, err = strconv.ParseInt(v, 10, 64); err != nil {
+			t.Fatalf("RAFTLOCKD_FSM_SEED: %v", err)
+		}
+	}
+	t.Logf("seed %d (rerun with RAFTLOCKD_FSM_SEED=%d)", seed, seed)
+	return seed
 }

@@ -6,6 +6,7 @@ import "github.com/raftlockd/raftlockd/errcode"
 // was rejected; a rejected command leaves the state untouched.
 type Result struct {
 	Err       *errcode.Error `json:"err,omitempty"`
+	Auth      *AuthInfo      `json:"auth,omitempty"`
 	Lease     *LeaseInfo     `json:"lease,omitempty"`
 	Queued    bool           `json:"queued,omitempty"`
 	Cancelled bool           `json:"cancelled,omitempty"`
@@ -13,6 +14,13 @@ type Result struct {
 	Released  bool           `json:"released,omitempty"`
 	Decision  string         `json:"decision,omitempty"`
 	Sweep     *SweepResult   `json:"sweep,omitempty"`
+	Txn       *TxnInfo       `json:"txn,omitempty"`
+	Queue     *QueueResult   `json:"queue,omitempty"`
+	RM        *RMInfo        `json:"rm,omitempty"`
+	UTXO      *UTXOResult    `json:"utxo,omitempty"`
+	// RetryAfter (seconds) tells an acquirer that stopped waiting when the
+	// holder's lease runs out.
+	RetryAfter int64 `json:"retry_after,omitempty"`
 }
 
 // Error returns the rejection as an error, or nil.
@@ -65,6 +73,14 @@ const (
 	EventWaitEnded
 	// EventTimer: something becomes due at When (Unix ms).
 	EventTimer
+	// EventFanout: this island's coordinator decided TxnID and other
+	// islands have to apply the decision.
+	EventFanout
+	// EventDoubt: prepared transaction TxnID will need its coordinator's
+	// decision at When unless it arrives first.
+	EventDoubt
+	// EventDelivered: the waiting dequeue RequestID now holds Message.
+	EventDelivered
 )
 
 // Event is a side effect of applying a batch that someone outside the state
@@ -73,9 +89,13 @@ const (
 type Event struct {
 	Kind      EventKind
 	RequestID string
+	Attempt   string       // EventWaitEnded: the attempt that was waiting
+	Node      string       // EventGranted, EventDelivered: the server where the requester waits
+	Message   *MessageInfo // EventDelivered
 	Lease     *LeaseInfo
 	Err       *errcode.Error
 	When      int64
+	TxnID     string
 }
 
 // Observer receives the events of each committed batch, in order. It is

@@ -22,13 +22,17 @@ var (
 )
 
 var allBuckets = [][]byte{bucketMeta, bucketKeys, bucketDocs, bucketWaiters, bucketWaitReq,
-	bucketLeaseExp, bucketWaitExp, bucketWaitTxn, bucketTxns, bucketTxnDone}
+	bucketLeaseExp, bucketWaitExp, bucketWaitTxn, bucketTxns, bucketTxnDone,
+	bucketTxnExp, bucketTxnFanout, bucketTxnDoubt, bucketTCTerms, bucketRMs,
+	bucketQMsgs, bucketQBodies, bucketQReady, bucketQVis, bucketQTTL, bucketQWaiters, bucketQWaitReq, bucketQWaitExp,
+	bucketRevoked, bucketTrust, bucketUTXORecs, bucketUTXOOuts, bucketUTXOHolds, bucketUTXOExp}
 
 var (
 	metaApplied = []byte("applied") // index(8) term(8)
 	metaNow     = []byte("now")     // replicated clock, Unix ms
 	metaSeq     = []byte("seq")     // last waiter sequence number
 	metaBackend = []byte("backend") // the island's backend hash
+	metaVoters  = []byte("voters")  // the island's voter high-water mark
 )
 
 // Transaction states as recorded in .txns.
@@ -80,27 +84,47 @@ type Waiter struct {
 	TTL        int64  `json:"ttl"`
 	Deadline   int64  `json:"deadline"`
 	EnqueuedAt int64  `json:"enqueued_at"`
+	Attempt    string `json:"attempt,omitempty"` // the attempt of the request that waits now
+	Node       string `json:"node,omitempty"`    // the server where it waits
 }
 
-// Participant is one resource enlisted in a transaction.
+// Participant is one resource enlisted in a transaction: a key of this
+// island (Backend empty) or of the island named by Backend.
 type Participant struct {
 	Namespace string `json:"ns"`
 	Key       string `json:"key"`
+	Backend   string `json:"backend,omitempty"`
 }
 
 // TxnRecord is a transaction's entry in .txns: its participants and, once
 // decided, the final decision. A decision is never changed afterwards.
+//
+// On the island coordinating it (Home empty), TCTerm is the Raft term of
+// the entry that recorded the decision, Prepared and Acked list the other
+// islands that prepared and applied it, and ExpiresAt is when a pending
+// decision is presumed aborted. On a resource manager's island Home names
+// the coordinating island, TCTerm its coordinator's term, and DoubtAt when
+// to ask it for a decision that has not arrived.
 type TxnRecord struct {
+	ID           string        `json:"-"` // filled in by readers; the bucket key holds it
 	State        string        `json:"state"`
 	Reason       string        `json:"reason,omitempty"`
+	Detail       string        `json:"detail,omitempty"`
 	Participants []Participant `json:"participants"`
 	CreatedAt    int64         `json:"created_at"`
 	DecidedAt    int64         `json:"decided_at,omitempty"`
+	Home         string        `json:"home,omitempty"`
+	TCTerm       uint64        `json:"tc_term,omitempty"`
+	ExpiresAt    int64         `json:"expires_at,omitempty"`
+	DoubtAt      int64         `json:"doubt_at,omitempty"`
+	Prepared     []string      `json:"prepared,omitempty"`
+	Acked        []string      `json:"acked,omitempty"`
 }
 
+// has reports whether (ns, key) of this island takes part in t.
 func (t *TxnRecord) has(ns, key string) bool {
 	for _, p := range t.Participants {
-		if p.Namespace == ns && p.Key == key {
+		if p.Backend == "" && p.Namespace == ns && p.Key == key {
 			return true
 		}
 	}

@@ -69,7 +69,7 @@ func (v *View) NextDeadline(retention int64) (when int64, ok bool) {
 			when, ok = t, true
 		}
 	}
-	for _, b := range [][]byte{bucketLeaseExp, bucketWaitExp} {
+	for _, b := range [][]byte{bucketLeaseExp, bucketWaitExp, bucketTxnExp, bucketQVis, bucketQTTL, bucketQWaitExp, bucketUTXOExp} {
 		if k, _ := v.b(b).Cursor().First(); k != nil {
 			t, _ := splitTimer(k)
 			consider(t)
@@ -81,6 +81,10 @@ func (v *View) NextDeadline(retention int64) (when int64, ok bool) {
 	}
 	return when, ok
 }
+
+// MaxVoters returns the island's voter high-water mark: the most voters its
+// leaders have seen alive at once (0 until recorded).
+func (v *View) MaxVoters() int { return int(u64(v.b(bucketMeta).Get(metaVoters))) }
 
 // Counts returns the number of leases held and of acquirers queued.
 func (v *View) Counts() (leases, waiters int) {

@@ -12,6 +12,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"strings"
@@ -68,12 +69,14 @@ type Keys struct {
 	waits  *Waits
 	clock  Clock
 	limits Limits
+	node   string
 }
 
-// NewKeys wires a key service. waits must be an observer of the state
-// machine that store replicates.
-func NewKeys(store Store, waits *Waits, clock Clock, limits Limits) *Keys {
-	return &Keys{store: store, waits: waits, clock: clock, limits: limits}
+// NewKeys wires a key service of server node. waits must be an observer of
+// the state machine that store replicates; the leader tells node's waits of
+// grants to the acquirers waiting there as soon as it applies them.
+func NewKeys(store Store, waits *Waits, clock Clock, limits Limits, node string) *Keys {
+	return &Keys{store: store, waits: waits, clock: clock, limits: limits, node: node}
 }
 
 // AcquireParams is an acquire request.
@@ -83,14 +86,15 @@ type AcquireParams struct {
 	Owner       string
 	TxnID       string // empty: a new transaction
 	RequestID   string // identifies retries of the same request; empty: none
-	TTLSeconds  int64  // 0: default
+	TTLSeconds  int64  // 0 or negative: default; above the maximum: the maximum
 	BlockSecs   int64  // -1: never wait, 0: wait up to the server maximum, >0: wait that long (capped)
 	IfNotExists bool
 }
 
 // Acquire grants a lease, waiting in FIFO order behind the current holder
 // when allowed to. A retry carrying the RequestID of an earlier attempt gets
-// that attempt's lease (or its place in the queue).
+// that attempt's lease, or takes its place in the queue over (the attempt
+// it replaced can then no longer withdraw it).
 func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, error) {
 	ns, err := Namespace(p.Namespace)
 	if err != nil {
@@ -115,10 +119,7 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 	if key, err = Key(key); err != nil {
 		return nil, err
 	}
-	ttl, err := k.ttl(p.TTLSeconds)
-	if err != nil {
-		return nil, err
-	}
+	ttl := k.ttl(p.TTLSeconds)
 	txn := p.TxnID
 	if txn == "" {
 		txn = xid.New().String()
@@ -143,9 +144,11 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 	case p.BlockSecs > 0:
 		wait = k.limits.MaxBlock
 	}
+	attempt := xid.New().String()
 	cmd := &fsm.AcquireCmd{Namespace: ns, Key: key, Owner: own, TxnID: txn, LeaseID: xid.New().String(),
-		RequestID: req, TTL: ttl.Milliseconds(), Wait: wait.Milliseconds(), IfNotExists: p.IfNotExists}
-	events, unregister := k.waits.register(req)
+		RequestID: req, TTL: ttl.Milliseconds(), Wait: wait.Milliseconds(), IfNotExists: p.IfNotExists, Attempt: attempt,
+		Node: k.node}
+	events, unregister := k.waits.register(req, attempt)
 	defer unregister()
 	res, err := k.store.Propose(ctx, &fsm.Command{Op: fsm.OpAcquire, Acquire: cmd})
 	if err != nil {
@@ -169,31 +172,36 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
 	res, err = k.store.Propose(cctx, &fsm.Command{Op: fsm.OpCancelWait,
-		CancelWait: &fsm.CancelWaitCmd{Namespace: ns, Key: key, RequestID: req}})
+		CancelWait: &fsm.CancelWaitCmd{Namespace: ns, Key: key, RequestID: req, Attempt: attempt}})
 	if err != nil {
 		return nil, err
 	}
 	if res.Lease != nil {
 		return res.Lease, nil
 	}
-	if ctx.Err() != nil {
-		return nil, fmt.Errorf("rm: acquire %s/%s: %w", ns, key, ctx.Err())
+	// A caller that went away gets the reason; one whose deadline passed
+	// while it waited gets the answer of a wait that ran out.
+	if err := ctx.Err(); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return nil, fmt.Errorf("rm: acquire %s/%s: %w", ns, key, err)
 	}
 	e := errcode.Waiting.With("lease still held after waiting %s", wait)
-	e.RetryAfter = 1
+	if ctx.Err() != nil {
+		e = errcode.Waiting.With("lease still held when the request's deadline passed")
+	}
+	e.RetryAfter = max(1, res.RetryAfter)
 	return nil, e
 }
 
-func (k *Keys) ttl(secs int64) (time.Duration, error) {
+// ttl resolves a requested TTL as lockd does: zero or negative is the
+// default, more than the maximum is the maximum.
+func (k *Keys) ttl(secs int64) time.Duration {
 	switch {
-	case secs < 0:
-		return 0, errcode.InvalidTTL.With("ttl_seconds must not be negative")
-	case secs == 0:
-		return k.limits.DefaultTTL, nil
-	case time.Duration(secs)*time.Second > k.limits.MaxTTL || secs > int64(k.limits.MaxTTL/time.Second):
-		return 0, errcode.InvalidTTL.With("ttl_seconds exceeds the server maximum of %d", int64(k.limits.MaxTTL/time.Second))
+	case secs <= 0:
+		return k.limits.DefaultTTL
+	case secs > int64(k.limits.MaxTTL/time.Second):
+		return k.limits.MaxTTL
 	}
-	return time.Duration(secs) * time.Second, nil
+	return time.Duration(secs) * time.Second
 }
 
 // LeaseRef names a lease and the proofs a request carries for it.
@@ -228,7 +236,8 @@ func (r LeaseRef) Validate(txnRequired bool) (LeaseRef, error) {
 	return r, nil
 }
 
-// KeepAlive extends a lease by ttlSeconds (0: by its original TTL).
+// KeepAlive extends a lease by ttlSeconds: 0 extends it by its own TTL, a
+// negative value by the default TTL, more than the maximum by the maximum.
 func (k *Keys) KeepAlive(ctx context.Context, ref LeaseRef, ttlSeconds int64) (*fsm.LeaseInfo, error) {
 	ref, err := ref.Validate(false)
 	if err != nil {
@@ -236,9 +245,7 @@ func (k *Keys) KeepAlive(ctx context.Context, ref LeaseRef, ttlSeconds int64) (*
 	}
 	var ttl time.Duration
 	if ttlSeconds != 0 {
-		if ttl, err = k.ttl(ttlSeconds); err != nil {
-			return nil, err
-		}
+		ttl = k.ttl(ttlSeconds)
 	}
 	res, err := k.store.Propose(ctx, &fsm.Command{Op: fsm.OpKeepAlive, KeepAlive: &fsm.KeepAliveCmd{
 		Namespace: ref.Namespace, Key: ref.Key, LeaseID: ref.LeaseID, TxnID: ref.TxnID, Token: ref.Token, TTL: ttl.Milliseconds()}})
@@ -257,8 +264,8 @@ type Conditions struct {
 // Body is a submitted document with its optional integrity claims.
 type Body struct {
 	R              io.Reader
-	ExpectedSHA256 string
-	ExpectedBytes  int64 // -1: not given
+	ExpectedSHA256 string // hex; "": not given
+	ExpectedBytes  int64  // -1: not given
 }
 
 // digest hashes its parts, separated so that ("ab","c") and ("a","bc") differ.
@@ -322,9 +329,12 @@ func ReadDocument(b Body, limit int64) ([]byte, string, error) {
 		return nil, "", errcode.SizeMismatch.With("body has %d bytes, not %d", len(raw), b.ExpectedBytes)
 	}
 	if b.ExpectedSHA256 != "" {
+		if !ValidSHA256(b.ExpectedSHA256) {
+			return nil, "", errcode.InvalidChecksum.With("expected SHA-256 must be 64 hex digits")
+		}
 		sum := sha256.Sum256(raw)
 		if !strings.EqualFold(hex.EncodeToString(sum[:]), b.ExpectedSHA256) {
-			return nil, "", errcode.ChecksumMismatch.With("body does not match X-Expected-SHA256")
+			return nil, "", errcode.ChecksumMismatch.With("body does not match the expected SHA-256")
 		}
 	}
 	if len(bytes.TrimSpace(raw)) == 0 {
@@ -336,6 +346,15 @@ func ReadDocument(b Body, limit int64) ([]byte, string, error) {
 	}
 	sum := sha256.Sum256(out.Bytes())
 	return out.Bytes(), hex.EncodeToString(sum[:]), nil
+}
+
+// ValidSHA256 reports whether s is a hex SHA-256 digest (either case).
+func ValidSHA256(s string) bool {
+	if len(s) != 2*sha256.Size {
+		return false
+	}
+	_, err := hex.DecodeString(s)
+	return err == nil
 }
 
 // Get returns the document the caller may see: the committed one for a

@@ -10,27 +10,38 @@ import (
 // every applied batch and hands grant and give-up events to the requests
 // registered under their request id. It is how a blocked acquirer learns,
 // without polling, that the step that released the key granted it the lease.
+//
+// Every attempt of a request (a retry carries the first attempt's request
+// id) hears of a grant, since they all want that lease; the end of a wait
+// goes only to the attempt that was waiting, so a retry that took the
+// queued place over is not sent away by the end of an attempt it replaced.
 type Waits struct {
 	mu      sync.Mutex
-	waiting map[string][]chan fsm.Event
+	waiting map[string][]listener
+}
+
+type listener struct {
+	attempt string
+	ch      chan fsm.Event
 }
 
 // NewWaits returns an empty registry.
-func NewWaits() *Waits { return &Waits{waiting: make(map[string][]chan fsm.Event)} }
+func NewWaits() *Waits { return &Waits{waiting: make(map[string][]listener)} }
 
-// register starts listening for the outcome of requestID. It must be called
-// before the acquire is proposed, so an immediate grant cannot be missed.
-func (w *Waits) register(requestID string) (<-chan fsm.Event, func()) {
+// register starts listening for the outcome of attempt of requestID. It
+// must be called before the acquire is proposed, so an immediate grant
+// cannot be missed.
+func (w *Waits) register(requestID, attempt string) (<-chan fsm.Event, func()) {
 	ch := make(chan fsm.Event, 1)
 	w.mu.Lock()
-	w.waiting[requestID] = append(w.waiting[requestID], ch)
+	w.waiting[requestID] = append(w.waiting[requestID], listener{attempt: attempt, ch: ch})
 	w.mu.Unlock()
 	return ch, func() {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		list := w.waiting[requestID]
-		for i, c := range list {
-			if c == ch {
+		for i, l := range list {
+			if l.ch == ch {
 				list = append(list[:i], list[i+1:]...)
 				break
 			}
@@ -48,12 +59,15 @@ func (w *Waits) Observe(events []fsm.Event) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, e := range events {
-		if e.Kind != fsm.EventGranted && e.Kind != fsm.EventWaitEnded {
+		if e.Kind != fsm.EventGranted && e.Kind != fsm.EventWaitEnded && e.Kind != fsm.EventDelivered {
 			continue
 		}
-		for _, ch := range w.waiting[e.RequestID] {
+		for _, l := range w.waiting[e.RequestID] {
+			if e.Kind == fsm.EventWaitEnded && e.Attempt != "" && e.Attempt != l.attempt {
+				continue
+			}
 			select {
-			case ch <- e:
+			case l.ch <- e:
 			default: // already told
 			}
 		}

@@ -7,6 +7,7 @@ package server
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -23,7 +24,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/rs/xid"
 
+	"github.com/raftlockd/raftlockd/access"
 	"github.com/raftlockd/raftlockd/api"
+	"github.com/raftlockd/raftlockd/auth"
 	"github.com/raftlockd/raftlockd/cluster"
 	"github.com/raftlockd/raftlockd/config"
 	"github.com/raftlockd/raftlockd/errcode"
@@ -40,9 +43,11 @@ func (wallClock) Now() time.Time { return time.Now() }
 // Server is a running node.
 type Server struct {
 	cfg      config.Server
+	tls      *auth.Source // nil with mTLS disabled
 	log      *slog.Logger
 	node     *cluster.Node
 	sweeper  *sweeper.Sweeper
+	resolver *tc.Resolver
 	http     *http.Server
 	listener net.Listener
 	served   chan error
@@ -80,6 +85,7 @@ type Option func(*options)
 type options struct {
 	network    cluster.Network
 	gossipHook func(*memberlist.Config)
+	httpHook   func(*http.Server)
 }
 
 // WithNetwork carries Raft and forwarded requests over n.
@@ -88,6 +94,10 @@ func WithNetwork(n cluster.Network) Option { return func(o *options) { o.network
 // WithGossipHook adjusts memberlist's configuration after the gossip
 // profile was applied (for example to install a transport).
 func WithGossipHook(h func(*memberlist.Config)) Option { return func(o *options) { o.gossipHook = h } }
+
+// WithHTTPServer adjusts the API's http.Server (its timeouts and limits)
+// before it starts serving.
+func WithHTTPServer(h func(*http.Server)) Option { return func(o *options) { o.httpHook = h } }
 
 // Start opens the node's state, joins (or bootstraps) its cluster and starts
 // serving HTTP. It returns once the listener is bound.
@@ -110,8 +120,15 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 		return nil, err
 	}
 	log = log.With("node", id)
+	var src *auth.Source
 	if cfg.DisableMTLS {
-		log.Warn("mTLS is disabled: the HTTP API accepts plain, unauthenticated connections")
+		log.Warn("mTLS is disabled: the HTTP API accepts plain, unauthenticated requests from anyone, " +
+			"and Raft, forwarding and gossip run unencrypted; use this for development only")
+	} else if src, err = openBundle(cfg, log); err != nil {
+		return nil, err
+	}
+	if cfg.TCDisableAuth && !cfg.DisableMTLS {
+		log.Warn("TC authentication is disabled: the coordinator and resource-manager endpoints accept requests without a certificate")
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -125,12 +142,28 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 	// Deadlines are judged with the clock commands are stamped with.
 	leaderClock := clockFunc(func() time.Time { return node.Now() })
 	sw := sweeper.New(sweepProposer, schedule, leaderClock, sweeper.Config{TxnRetention: cfg.TxnRetention, Logger: log})
+	// The coordinator reaches other islands over their HTTP APIs; its
+	// resolver finishes decisions on the leader.
+	island := lateIsland{node: &node}
+	var checker *auth.Checker
+	if src != nil {
+		checker = auth.NewChecker(src, lateLists{node: &node})
+	}
+	peers := peerHTTP(checker)
+	coord := tc.New(island, island, &tc.HTTPRemote{HTTP: peers}, leaderClock, tc.Config{
+		FanoutTimeout: cfg.TCFanoutTimeout, FanoutAttempts: cfg.TCFanoutAttempts, FanoutBaseDelay: cfg.TCFanoutBaseDelay,
+		FanoutMaxDelay: cfg.TCFanoutMaxDelay, FanoutMultiplier: cfg.TCFanoutMultiplier, PendingTTL: cfg.TCPendingTTL,
+		Peers: cfg.TCPeers, Logger: log})
+	resolver := tc.NewResolver(coord, 0, 0)
 
 	// The HTTP listener is bound first: its address goes into the gossip
 	// metadata peers use to send clients here.
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		return nil, fmt.Errorf("server: listen %s: %w", cfg.Listen, err)
+	}
+	if src != nil {
+		ln = tls.NewListener(ln, src.APIConfig())
 	}
 	defer func() {
 		if err != nil {
@@ -141,11 +174,12 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 		NodeID: id, DataDir: cfg.DataDir, RaftBind: cfg.RaftListen, RaftAdvertise: cfg.RaftAdvertise,
 		Gossip: &cluster.GossipConfig{Bind: cfg.GossipListen, Advertise: cfg.GossipAdvertise, Join: cfg.Join,
 			BootstrapExpect: cfg.BootstrapExpect, ClusterName: cfg.ClusterName, APIEndpoint: cfg.APIEndpoint(ln.Addr().String()),
+			SecretKey: gossipKey(src), AcceptKeys: gossipAccept(src),
 			DeadServerTimeout: cfg.DeadServerTimeout, MinQuorum: cfg.MinQuorum, Tune: gossipTune(cfg.GossipProfile, o.gossipHook)},
-		Network:          o.network,
+		Network: o.network, TLS: peerTLS(src),
 		HeartbeatTimeout: cfg.HeartbeatTimeout, ElectionTimeout: cfg.ElectionTimeout, LeaderWait: cfg.LeaderWait,
 		SnapshotThreshold: cfg.SnapshotThreshold, SnapshotInterval: cfg.SnapshotInterval, TrailingLogs: cfg.TrailingLogs,
-		FSM:   fsm.Options{Observers: []fsm.Observer{waits, sw}},
+		FSM: fsm.Options{Observers: []fsm.Observer{waits, sw, resolver}}, Grants: waits,
 		Clock: wallClock{}, Logger: log, Registerer: reg,
 	})
 	if err != nil {
@@ -154,20 +188,33 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 	defer func() {
 		if err != nil {
 			sw.Stop()
+			resolver.Stop()
 			_ = node.Close()
 		}
 	}()
 	node.OnLeadership(sw.SetLeader)
+	node.OnLeadership(resolver.SetLeader)
 
 	keys := rm.NewKeys(node, waits, node, rm.Limits{DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL,
-		MaxBlock: cfg.AcquireBlock, MaxStateBytes: cfg.MaxStateBytes})
+		MaxBlock: cfg.AcquireBlock, MaxStateBytes: cfg.MaxStateBytes}, id)
+	queues := rm.NewQueues(node, waits, node, rm.QueueLimits{DefaultVisibility: cfg.QueueVisibility,
+		DefaultMaxAttempts: cfg.QueueMaxAttempts, MaxPayloadBytes: cfg.MaxPayloadBytes, MaxWait: cfg.AcquireBlock}, id, coord)
+	utxos := rm.NewUTXOs(node, node, rm.UTXOLimits{BatchSize: cfg.UTXOBatchSize, MaxEntryBytes: cfg.MaxEntryBytes,
+		DefaultTxnTTL: cfg.DefaultTTL, MaxTxnTTL: cfg.MaxTTL})
 	reg.MustRegister(newStateCollector(node, waits))
-	handler := api.New(api.Options{NodeID: id, Leases: keys, Releaser: tc.New(node), Ready: readiness{node},
-		Leadership: node, Cluster: node, Backups: node, TC: node, Gatherer: reg, Registerer: reg, Logger: log,
-		Pprof: cfg.Pprof})
+	var authn api.Authenticator
+	if checker != nil {
+		authn = checker
+	}
+	handler := api.New(api.Options{Auth: authn, NodeID: id, Leases: keys, Releaser: coord, Ready: readiness{node},
+		Leadership: node, Cluster: node, Backups: node, TC: node, Coordinator: coord,
+		RM: rm.NewEnlisted(node, node, leaderClock), LeaderOf: node, PeerHTTP: peers, Queues: queues,
+		UTXOs: utxos, MaxUTXOBodyBytes: cfg.MaxUTXORequestBytes,
+		Access: access.New(node, node.FSM()), TCAuthDisabled: cfg.TCDisableAuth,
+		Gatherer: reg, Registerer: reg, Logger: log, Pprof: cfg.Pprof})
 
 	base, drain := context.WithCancelCause(context.Background())
-	s = &Server{cfg: cfg, log: log, node: node, sweeper: sw, listener: ln, served: make(chan error, 1), registry: reg,
+	s = &Server{cfg: cfg, log: log, node: node, tls: src, sweeper: sw, resolver: resolver, listener: ln, served: make(chan error, 1), registry: reg,
 		drain: drain, done: make(chan struct{}),
 		http: &http.Server{
 			Handler:           handler,
@@ -182,8 +229,11 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 	// A node that left its cluster (asked over HTTP or by another member)
 	// has nothing left to serve.
 	node.OnLeft(s.shutDownAfterLeaving)
+	if o.httpHook != nil {
+		o.httpHook(s.http)
+	}
 	go func() { s.served <- s.http.Serve(ln) }()
-	log.Info("raftlockd serving", "http", ln.Addr().String(), "raft", node.RaftAddr(), "data_dir", cfg.DataDir)
+	log.Info("raftlockd serving", "api", s.URL(), "raft", node.RaftAddr(), "data_dir", cfg.DataDir)
 	return s, nil
 }
 
@@ -259,6 +309,59 @@ type scheduleFunc func(retention int64) (int64, bool)
 
 func (f scheduleFunc) NextDeadline(r int64) (int64, bool) { return f(r) }
 
+// lateIsland is the node as the coordinator sees it; the node is opened
+// after the coordinator is built (its state machine reports to the
+// coordinator's resolver), and used only once it runs.
+type lateIsland struct{ node **cluster.Node }
+
+func (l lateIsland) Propose(ctx context.Context, c *fsm.Command) (*fsm.Result, error) {
+	return (*l.node).Propose(ctx, c)
+}
+
+func (l lateIsland) Read(ctx context.Context, fn func(v *fsm.View) error) error {
+	return (*l.node).Read(ctx, fn)
+}
+
+func (l lateIsland) BackendHash() string { return (*l.node).BackendHash() }
+func (l lateIsland) IsLeader() bool      { return (*l.node).IsLeader() }
+func (l lateIsland) LeaderEndpoint() string {
+	_, ep := (*l.node).Leader()
+	return ep
+}
+func (l lateIsland) Term() uint64 { return (*l.node).Term() }
+func (l lateIsland) Endpoints() ([]string, time.Time, error) {
+	return (*l.node).Endpoints()
+}
+
+// peerHTTP is the client a node uses to reach other nodes' and islands'
+// APIs: with mTLS it presents the node's server certificate and accepts
+// servers of the island's CA and of the CAs on its trust list.
+func peerHTTP(c *auth.Checker) *http.Client {
+	t := &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}
+	if c != nil {
+		t.DialTLSContext = c.DialPeer
+	}
+	return &http.Client{Transport: t}
+}
+
+// lateLists are the access lists of the node's state, which is opened
+// after the peer client that checks against them is built.
+type lateLists struct{ node **cluster.Node }
+
+func (l lateLists) AuthGeneration() uint64 {
+	if *l.node == nil {
+		return 0
+	}
+	return (*l.node).FSM().AuthGeneration()
+}
+
+func (l lateLists) AccessLists() ([]string, [][]byte, error) {
+	if *l.node == nil {
+		return nil, nil, nil
+	}
+	return access.New(*l.node, (*l.node).FSM()).AccessLists()
+}
+
 type readiness struct{ node *cluster.Node }
 
 func (r readiness) Ready(ctx context.Context) error {
@@ -274,7 +377,26 @@ func (r readiness) Ready(ctx context.Context) error {
 func (s *Server) Addr() string { return s.listener.Addr().String() }
 
 // URL returns the base URL of the HTTP API.
-func (s *Server) URL() string { return "http://" + s.Addr() }
+func (s *Server) URL() string { return s.cfg.Scheme() + "://" + s.Addr() }
+
+// Reload reads the node's bundle again (after its files were replaced):
+// new connections present the new certificate and are checked against
+// the new CA, and gossip switches to the bundle's gossip key. Connections
+// already open keep the certificate they were made with.
+func (s *Server) Reload() error {
+	if s.tls == nil {
+		return nil
+	}
+	if err := s.tls.Reload(); err != nil {
+		return fmt.Errorf("server: reload %s: %w", s.tls.Path(), err)
+	}
+	if err := s.node.UseGossipKey(gossipKey(s.tls), gossipAccept(s.tls)...); err != nil {
+		return err
+	}
+	s.log.Info("reloaded TLS bundle", "bundle", s.tls.Path(), "serial", auth.SerialOf(s.tls.Bundle().Cert),
+		"not_after", s.tls.Bundle().Cert.NotAfter)
+	return nil
+}
 
 // Node returns the Raft node (for tests and operator commands).
 func (s *Server) Node() *cluster.Node { return s.node }
@@ -323,9 +445,15 @@ func (s *Server) close(ctx context.Context) error {
 	if serr := <-s.served; serr != nil && !errors.Is(serr, http.ErrServerClosed) && err == nil {
 		err = serr
 	}
-	s.sweeper.Stop()
-	if nerr := s.node.Close(); nerr != nil && err == nil {
+	if nerr := s.stopNode(); nerr != nil && err == nil {
 		err = nerr
 	}
 	return err
+}
+
+// stopNode stops the leader-only loops, then the node itself.
+func (s *Server) stopNode() error {
+	s.sweeper.Stop()
+	s.resolver.Stop()
+	return s.node.Close()
 }

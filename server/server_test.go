@@ -1,15 +1,24 @@
 package server_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
+	"github.com/raftlockd/raftlockd/auth"
 	"github.com/raftlockd/raftlockd/client"
 	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/fsm"
 	"github.com/raftlockd/raftlockd/internal/testutil"
 	"github.com/raftlockd/raftlockd/server"
 	"github.com/raftlockd/raftlockd/wire"
@@ -25,7 +34,7 @@ func TestShutdownReleasesWaitingRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, 10*time.Second, "leader", srv.Node().IsLeader)
-	c, _ := client.New(srv.URL(), client.WithRetry(0))
+	c := testutil.Client(t, srv.URL(), client.WithRetry(0))
 	ctx := context.Background()
 	if _, err := c.Acquire(ctx, wire.AcquireRequest{Key: "held", Owner: "a", TTLSeconds: 60}); err != nil {
 		t.Fatal(err)
@@ -69,12 +78,139 @@ func TestNodeIDIsKeptInTheDataDir(t *testing.T) {
 	}
 }
 
+// A node started with --disable-mtls says at every start that it serves
+// plain HTTP; a node with its bundle serves HTTPS and says nothing of the
+// kind.
+func TestDisabledMTLSIsAnnouncedAtEveryStart(t *testing.T) {
+	dir := t.TempDir()
+	for _, disable := range []bool{true, true, false} {
+		var buf lockedBuffer
+		cfg := testutil.Config(t, dir)
+		cfg.DisableMTLS = disable
+		srv, err := server.Start(cfg, slog.New(slog.NewTextHandler(&buf, nil)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		url := srv.URL()
+		if err := srv.Close(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		out := buf.String()
+		warned := strings.Contains(out, "level=WARN") && strings.Contains(out, "mTLS is disabled")
+		if warned != disable {
+			t.Fatalf("disable-mtls=%v: warning logged: %v:\n%s", disable, warned, out)
+		}
+		if want := map[bool]string{true: "http://", false: "https://"}[disable]; !strings.HasPrefix(url, want) {
+			t.Fatalf("disable-mtls=%v: the API is at %s", disable, url)
+		}
+	}
+}
+
+// The single-node default creates its CA and bundles in the data directory
+// on first start, keeps them on the next, and a client holding the
+// created client bundle is served.
+func TestSingleNodeDefaultCreatesItsBundles(t *testing.T) {
+	var buf lockedBuffer
+	cfg := testutil.Config(t, t.TempDir())
+	cfg.Bundle = ""
+	cfg.Listen = testutil.FreeAddr(t) // kept across the restart; the certificate names it
+	srv, err := server.Start(cfg, slog.New(slog.NewTextHandler(&buf, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close(context.Background())
+	testutil.WaitFor(t, 10*time.Second, "leader", srv.Node().IsLeader)
+	if !strings.Contains(buf.String(), filepath.Join(cfg.TLSDir(), auth.ClientFile)) {
+		t.Fatalf("the log does not say where the client bundle is:\n%s", buf.String())
+	}
+	cl, err := auth.LoadBundle(filepath.Join(cfg.TLSDir(), auth.ClientFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(srv.URL(), client.WithBundle(cl), client.WithRetry(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	if _, err := c.Acquire(ctx, wire.AcquireRequest{Key: "k", Owner: "a", TTLSeconds: 30}); err != nil {
+		t.Fatalf("with the created client bundle: %v", err)
+	}
+	// A client of another CA does not get in.
+	if _, err := testutil.Client(t, srv.URL(), client.WithRetry(0)).Describe(ctx, "", "k"); err == nil {
+		t.Fatal("a client of another CA was served")
+	}
+	before, err := os.ReadFile(filepath.Join(cfg.TLSDir(), auth.CAFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	srv = testutil.StartServer(t, cfg)
+	after, err := os.ReadFile(filepath.Join(cfg.TLSDir(), auth.CAFile))
+	if err != nil || !bytes.Equal(before, after) {
+		t.Fatalf("the CA changed across a restart (%v)", err)
+	}
+	if _, err := c.Describe(ctx, "", "k"); err != nil {
+		t.Fatalf("after a restart: %v", err)
+	}
+}
+
+// A node configured to form or join a cluster does not invent a CA of its
+// own: without a bundle it refuses to start and says what to do.
+func TestClusterNodeWithoutBundleIsRefused(t *testing.T) {
+	cfg := testutil.Config(t, t.TempDir())
+	cfg.Bundle = ""
+	cfg.BootstrapExpect = 3
+	_, err := server.Start(cfg, testutil.Logger(t))
+	if err == nil || !strings.Contains(err.Error(), "auth new cluster") {
+		t.Fatalf("start without a bundle: %v", err)
+	}
+	if _, err := os.Stat(cfg.TLSDir()); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("a bundle directory was created: %v", err)
+	}
+}
+
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
 func TestInvalidConfigIsRejected(t *testing.T) {
 	cfg := testutil.Config(t, t.TempDir())
 	cfg.DefaultTTL = 2 * time.Hour
 	if _, err := server.Start(cfg, testutil.Logger(t)); err == nil {
 		t.Fatal("default TTL above the maximum accepted")
 	}
+}
+
+// expiresAtMs reads the replicated expiry (Unix ms) of the lease on key.
+func expiresAtMs(t *testing.T, srv *server.Server, key string) (string, int64) {
+	t.Helper()
+	var id string
+	var at int64
+	err := srv.Node().FSM().View(func(v *fsm.View) error {
+		if rec, ok := v.Key("default", key); ok && rec.Lease != nil {
+			id, at = rec.Lease.ID, rec.Lease.ExpiresAt
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id, at
 }
 
 // A restart is a leader change: the lease keeps its absolute expiry (its
@@ -85,19 +221,29 @@ func TestLeaseKeepsItsRemainingTTLAcrossRestart(t *testing.T) {
 	cfg := testutil.Config(t, dir)
 	cfg.RaftListen = testutil.FreeAddr(t)
 	srv := testutil.StartServer(t, cfg)
-	c, _ := client.New(srv.URL())
+	c := testutil.Client(t, srv.URL())
 	ctx := context.Background()
 	l, err := c.Acquire(ctx, wire.AcquireRequest{Key: "ttl", Owner: "a", TTLSeconds: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
+	_, before := expiresAtMs(t, srv, "ttl")
+	clockBefore := srv.Node().FSM().Now()
 	if err := srv.Close(ctx); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(time.Second) // the node is down for a while
 
+	// Once the new term has applied an entry stamped later than anything
+	// before the restart, a lease given a fresh TTL would expire later
+	// than before, to the millisecond.
 	srv = testutil.StartServer(t, cfg)
-	c, _ = client.New(srv.URL())
+	testutil.WaitFor(t, 10*time.Second, "an entry of the new term", func() bool {
+		return srv.Node().FSM().Now() > clockBefore
+	})
+	c = testutil.Client(t, srv.URL())
+	if id, after := expiresAtMs(t, srv, "ttl"); id != l.LeaseID || after != before {
+		t.Fatalf("after restart: lease %s expiring at %d ms, want %s expiring at %d ms", id, after, l.LeaseID, before)
+	}
 	d, err := c.Describe(ctx, "", "ttl")
 	if err != nil {
 		t.Fatal(err)

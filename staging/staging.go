@@ -117,6 +117,11 @@ func (a *Area) Each(txn string, fn func(ns, key string, w Write) error) error {
 	return nil
 }
 
+// Delete drops txn's staged write for (ns, key), if any.
+func (a *Area) Delete(txn, ns, key string) error {
+	return a.b.Delete(entryKey(txn, ns, key))
+}
+
 // Discard deletes every write staged under txn.
 func (a *Area) Discard(txn string) error {
 	p := prefix(txn)

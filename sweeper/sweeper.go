@@ -114,12 +114,35 @@ func (s *Sweeper) Stop() {
 	}
 }
 
-// Running reports whether the sweep loop is active.
+// Running reports whether a sweep loop goroutine is active: started and not
+// yet returned (a loop that lost leadership counts until its in-flight
+// proposal has been answered and it has exited).
 func (s *Sweeper) Running() bool {
+	select {
+	case <-s.Stopped():
+		return false
+	default:
+		return true
+	}
+}
+
+// Stopped returns a channel that is closed once the latest sweep loop has
+// exited, with any proposal it had in flight answered; it is already closed
+// when no loop was ever started. A loop started later gets a new channel.
+func (s *Sweeper) Stopped() <-chan struct{} {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.cancel != nil
+	if s.done == nil {
+		return closedCh
+	}
+	return s.done
 }
+
+var closedCh = func() chan struct{} {
+	c := make(chan struct{})
+	close(c)
+	return c
+}()
 
 // Sweeps counts the sweep entries proposed.
 func (s *Sweeper) Sweeps() int64 { return s.sweeps.Load() }

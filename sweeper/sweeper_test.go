@@ -2,6 +2,7 @@ package sweeper
 
 import (
 	"context"
+	"math"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -84,8 +85,12 @@ func TestSweeperExpiresLeasesAtTheirDeadlineOnlyWhileLeading(t *testing.T) {
 	sw.SetLeader(true)
 	waitFor(t, "the first sweep of the term", func() bool { return d.sweeps() == 1 })
 
-	// Nothing is due: the sweeper sleeps instead of proposing.
-	time.Sleep(100 * time.Millisecond)
+	// Nothing is due: the sweeper parks until its idle limit (an hour)
+	// instead of proposing.
+	waitFor(t, "the sweeper to plan its idle wake-up", func() bool { return sw.planned.Load() != math.MaxInt64 })
+	if wake := time.UnixMilli(sw.planned.Load()); time.Until(wake) < 30*time.Minute {
+		t.Fatalf("idle sweeper plans to wake at %s", wake)
+	}
 	if n := d.sweeps(); n != 1 {
 		t.Fatalf("idle sweeper proposed %d sweeps", n)
 	}
@@ -109,14 +114,26 @@ func TestSweeperExpiresLeasesAtTheirDeadlineOnlyWhileLeading(t *testing.T) {
 	// Once leadership is lost the sweeper stops at once and proposes nothing,
 	// even when leases fall due.
 	sw.SetLeader(false)
-	waitFor(t, "the sweeper to stop", func() bool { return !sw.Running() })
+	select {
+	case <-sw.Stopped():
+	case <-time.After(time.Second):
+		t.Fatal("the sweep loop did not exit after leadership was lost")
+	}
+	if sw.Running() {
+		t.Fatal("the sweeper reports a running loop after it exited")
+	}
 	before := d.sweeps()
 	if _, err := d.Propose(context.Background(), &fsm.Command{Op: fsm.OpAcquire, Acquire: &fsm.AcquireCmd{
 		Namespace: "default", Key: "k2", Owner: "o", TxnID: "t2", LeaseID: "l2", RequestID: "r2", TTL: 50}}); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(300 * time.Millisecond)
-	if d.sweeps() != before {
+	// The lease falls due: a leader's loop would sweep now, a stopped one
+	// never does.
+	waitFor(t, "the lease to fall due", func() bool {
+		when, ok := d.f.NextDeadline(time.Minute.Milliseconds())
+		return ok && when <= time.Now().UnixMilli()
+	})
+	if sw.Running() || d.sweeps() != before {
 		t.Fatal("a follower swept")
 	}
 
@@ -133,8 +150,59 @@ func TestStoppedSweeperIgnoresLeadership(t *testing.T) {
 	d, sw := setup(t)
 	sw.Stop()
 	sw.SetLeader(true)
-	time.Sleep(50 * time.Millisecond)
+	// SetLeader decides synchronously; a loop it started would run until
+	// leadership is lost, so it would show here.
 	if sw.Running() || d.sweeps() != 0 {
 		t.Fatal("stopped sweeper started")
 	}
+	select {
+	case <-sw.Stopped():
+	default:
+		t.Fatal("a stopped sweeper has a loop that has not exited")
+	}
+}
+
+func TestRunningFollowsTheLoopGoroutine(t *testing.T) {
+	d, sw := setup(t)
+	if sw.Running() {
+		t.Fatal("a new sweeper reports a running loop")
+	}
+	// A proposal in flight when leadership is lost is waited for: the loop
+	// counts as running until the proposal has been answered.
+	block := make(chan struct{})
+	entered := make(chan struct{}, 1)
+	sw.proposer = proposerFunc(func(ctx context.Context, c *fsm.Command) (*fsm.Result, error) {
+		select {
+		case entered <- struct{}{}:
+		default:
+		}
+		<-block
+		return d.Propose(ctx, c)
+	})
+	sw.SetLeader(true)
+	<-entered
+	sw.SetLeader(false)
+	if !sw.Running() {
+		t.Fatal("the loop reports stopped while its proposal is still in flight")
+	}
+	select {
+	case <-sw.Stopped():
+		t.Fatal("Stopped closed while a proposal was in flight")
+	default:
+	}
+	close(block)
+	select {
+	case <-sw.Stopped():
+	case <-time.After(5 * time.Second):
+		t.Fatal("the loop did not exit once its proposal was answered")
+	}
+	if sw.Running() {
+		t.Fatal("the loop reports running after it exited")
+	}
+}
+
+type proposerFunc func(ctx context.Context, c *fsm.Command) (*fsm.Result, error)
+
+func (f proposerFunc) Propose(ctx context.Context, c *fsm.Command) (*fsm.Result, error) {
+	return f(ctx, c)
 }

@@ -1,32 +1,120 @@
-// Package tc is the transaction coordinator: it turns a request to end a
-// transaction into a final decision recorded in the reserved .txns namespace
-// through Raft. For transactions whose participants all live in this
-// cluster, recording the decision and applying it to every participant
-// (promoting or discarding staged writes, releasing leases, handing keys to
-// queued acquirers) is one replicated entry, so no participant can observe a
-// half-finished outcome. A decision, once recorded, is never changed: a
-// retried release is answered from the record.
+// Package tc is the transaction coordinator. It turns a request to end a
+// transaction into a final decision recorded in the reserved .txns
+// namespace through Raft, before anything is applied anywhere.
+//
+// For a transaction whose participants all live on this island, recording
+// the decision and applying it to every participant (promoting or
+// discarding staged writes, releasing leases, handing keys to queued
+// acquirers) is one replicated entry. A transaction that reaches other
+// islands is decided by two-phase commit: the coordinator prepares the
+// other islands' participants (a participant held by another transaction
+// fails the transaction at once), records the decision with the Raft term
+// of the entry that holds it, applies it locally in that same entry, and
+// fans it out to the other islands with retries. Decisions other islands
+// have not applied yet are replayed by the leader (Resolver); a pending
+// decision that outlives its expiry is rolled back (presumed abort). A
+// decision, once recorded, is never changed.
 package tc
 
 import (
 	"context"
+	"errors"
+	"log/slog"
+	"sync/atomic"
+	"time"
 
+	"github.com/rs/xid"
+
+	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/fsm"
 	"github.com/raftlockd/raftlockd/rm"
+	"github.com/raftlockd/raftlockd/wire"
 )
 
-// Proposer replicates a command and returns its result.
-type Proposer interface {
+// Store is the island's replicated state as the coordinator uses it.
+type Store interface {
 	Propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, error)
+	Read(ctx context.Context, fn func(v *fsm.View) error) error
+}
+
+// Island is this node's island.
+type Island interface {
+	BackendHash() string
+	// Term is the current Raft term: the fencing token of the
+	// coordinator's requests to other islands.
+	Term() uint64
+	// Endpoints lists the API endpoints of the island's members.
+	Endpoints() ([]string, time.Time, error)
+	// IsLeader and LeaderEndpoint say whether this node coordinates, and
+	// where the node that does is.
+	IsLeader() bool
+	LeaderEndpoint() string
+}
+
+// Remote reaches another island's API.
+type Remote interface {
+	Prepare(ctx context.Context, endpoint string, req wire.TxnDecisionRequest) (wire.TxnDecisionResponse, error)
+	Apply(ctx context.Context, endpoint string, req wire.TxnDecisionRequest) (wire.TxnDecisionResponse, error)
+	Decide(ctx context.Context, endpoint string, req wire.TxnDecisionRequest) (wire.TxnDecisionResponse, error)
+	Replay(ctx context.Context, endpoint string, txnID string) (wire.TxnReplayResponse, error)
+	Register(ctx context.Context, endpoint string, req wire.TCRMRegisterRequest, remove bool) (wire.TCRMRegisterResponse, error)
+}
+
+// Clock is the leader's clock, the one commands are stamped with.
+type Clock interface{ Now() time.Time }
+
+// Config tunes the coordinator.
+type Config struct {
+	FanoutTimeout    time.Duration // one attempt to reach an island (default 5s)
+	FanoutAttempts   int           // attempts per island and request (default 4)
+	FanoutBaseDelay  time.Duration // first retry delay (default 50ms)
+	FanoutMaxDelay   time.Duration // longest retry delay (default 2s)
+	FanoutMultiplier float64       // growth of the retry delay (default 2)
+	PendingTTL       time.Duration // expiry of a pending decision that names none (default 30s)
+	Peers            []string      // API endpoints of other islands to register with
+	Logger           *slog.Logger
+}
+
+func (c *Config) defaults() {
+	if c.FanoutTimeout <= 0 {
+		c.FanoutTimeout = 5 * time.Second
+	}
+	if c.FanoutAttempts <= 0 {
+		c.FanoutAttempts = 4
+	}
+	if c.FanoutBaseDelay <= 0 {
+		c.FanoutBaseDelay = 50 * time.Millisecond
+	}
+	if c.FanoutMaxDelay <= 0 {
+		c.FanoutMaxDelay = 2 * time.Second
+	}
+	if c.FanoutMultiplier < 1 {
+		c.FanoutMultiplier = 2
+	}
+	if c.PendingTTL <= 0 {
+		c.PendingTTL = 30 * time.Second
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
 }
 
 // Coordinator records and applies transaction decisions.
 type Coordinator struct {
-	proposer Proposer
+	store  Store
+	island Island
+	remote Remote
+	clock  Clock
+	cfg    Config
+
+	learned atomic.Bool // the registry gained an island since the last sync
 }
 
-// New returns a coordinator that replicates through p.
-func New(p Proposer) *Coordinator { return &Coordinator{proposer: p} }
+// New returns a coordinator for the island store replicates.
+func New(store Store, island Island, remote Remote, clock Clock, cfg Config) *Coordinator {
+	cfg.defaults()
+	return &Coordinator{store: store, island: island, remote: remote, clock: clock, cfg: cfg}
+}
 
 // Outcome is the decision a release led to.
 type Outcome struct {
@@ -35,17 +123,435 @@ type Outcome struct {
 }
 
 // Release ends the transaction of the lease in ref: it commits every staged
-// write of the transaction (across all its keys and namespaces) unless
-// rollback is set, and releases all of the transaction's leases.
+// write of the transaction (across all its keys, namespaces and islands)
+// unless rollback is set, and releases all of the transaction's leases. A
+// transaction that spans islands is decided by its coordinator: this one,
+// or the coordinating island's.
 func (c *Coordinator) Release(ctx context.Context, ref rm.LeaseRef, rollback bool) (Outcome, error) {
 	ref, err := ref.Validate(true)
 	if err != nil {
 		return Outcome{}, err
 	}
-	res, err := c.proposer.Propose(ctx, &fsm.Command{Op: fsm.OpRelease, Release: &fsm.ReleaseCmd{
+	res, err := c.store.Propose(ctx, &fsm.Command{Op: fsm.OpRelease, Release: &fsm.ReleaseCmd{
 		Namespace: ref.Namespace, Key: ref.Key, LeaseID: ref.LeaseID, TxnID: ref.TxnID, Token: ref.Token, Rollback: rollback}})
+	var coordinated *errcode.Error
+	if errors.As(err, &coordinated) && coordinated.Code == errcode.TxnCoordinated.Code {
+		return c.releaseCoordinated(ctx, ref.TxnID, coordinated.Home, rollback)
+	}
 	if err != nil {
 		return Outcome{}, err
 	}
 	return Outcome{Released: res.Released, Decision: res.Decision}, nil
+}
+
+// DecideCoordinated commits (or rolls back) txn through its coordinator:
+// this island's when home is empty, home's otherwise. A decision that went
+// the other way is an error.
+func (c *Coordinator) DecideCoordinated(ctx context.Context, txn, home string, commit bool) error {
+	_, err := c.releaseCoordinated(ctx, txn, home, !commit)
+	return err
+}
+
+func (c *Coordinator) releaseCoordinated(ctx context.Context, txn, home string, rollback bool) (Outcome, error) {
+	state := fsm.TxnCommit
+	if rollback {
+		state = fsm.TxnRollback
+	}
+	var info *fsm.TxnInfo
+	var err error
+	switch {
+	case home == "" && c.island.IsLeader():
+		info, err = c.Decide(ctx, Decision{TxnID: txn, State: state})
+	case home == "":
+		// This island coordinates it, and its leader decides.
+		info, err = c.decideAtLeader(ctx, txn, state)
+	default:
+		info, err = c.decideAt(ctx, home, txn, state)
+	}
+	if err != nil {
+		return Outcome{}, err
+	}
+	if info.State != state {
+		return Outcome{}, outcomeErr(info)
+	}
+	return Outcome{Released: true, Decision: info.State}, nil
+}
+
+// decideAtLeader asks this island's leader to decide txn.
+func (c *Coordinator) decideAtLeader(ctx context.Context, txn, state string) (*fsm.TxnInfo, error) {
+	ep := c.island.LeaderEndpoint()
+	if ep == "" {
+		e := errcode.NoLeader.With("no leader is known to decide transaction %s", txn)
+		e.RetryAfter = 1
+		return nil, e
+	}
+	resp, err := c.remote.Decide(ctx, ep, wire.TxnDecisionRequest{TxnID: txn, State: state})
+	if err != nil {
+		return nil, unwrapEnvelope(err)
+	}
+	return &fsm.TxnInfo{TxnID: txn, State: resp.State, TCTerm: resp.TCTerm}, nil
+}
+
+// decideAt asks island home's coordinator to decide txn.
+func (c *Coordinator) decideAt(ctx context.Context, home, txn, state string) (*fsm.TxnInfo, error) {
+	var resp wire.TxnDecisionResponse
+	err := c.atIsland(ctx, home, func(ctx context.Context, ep string) error {
+		var err error
+		resp, err = c.remote.Decide(ctx, ep, wire.TxnDecisionRequest{TxnID: txn, State: state})
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &fsm.TxnInfo{TxnID: txn, State: resp.State, Home: home, TCTerm: resp.TCTerm}, nil
+}
+
+// Decision is a request to the coordinator.
+type Decision struct {
+	TxnID        string
+	State        string            // pending, commit or rollback
+	Participants []fsm.Participant // an empty Backend means this island
+	ExpiresAt    time.Time         // pending: presumed aborted after this; zero: PendingTTL from now
+	Owner        string            // holds the keys a prepare locks; its own keys are no conflict
+}
+
+func (c *Coordinator) check(d Decision) (Decision, error) {
+	var err error
+	if d.TxnID, err = rm.TxnID(d.TxnID); err != nil {
+		return d, err
+	}
+	if d.State != fsm.TxnPending && d.State != fsm.TxnCommit && d.State != fsm.TxnRollback {
+		return d, errcode.InvalidParams.With("state must be pending, commit or rollback")
+	}
+	if d.Participants, err = rm.Participants(d.Participants, c.island.BackendHash()); err != nil {
+		return d, err
+	}
+	if len(d.Owner) > 256 {
+		return d, errcode.InvalidParams.With("owner is longer than 256 bytes")
+	}
+	if d.ExpiresAt.IsZero() {
+		d.ExpiresAt = c.clock.Now().Add(c.cfg.PendingTTL)
+	}
+	return d, nil
+}
+
+// Decide records a decision on a transaction coordinated by this island.
+// Pending enlists the participants: this island's are locked, the other
+// islands' are prepared, and a participant held by another transaction
+// rolls the transaction back for good (txn_lock_conflict, LOCKED:<holder>;
+// a retry answers the same at once). Commit prepares the other islands'
+// participants if needed, records the decision, applies it here in the
+// same entry and then on every other island; rollback likewise. A decision
+// already recorded is answered as it is.
+func (c *Coordinator) Decide(ctx context.Context, d Decision) (*fsm.TxnInfo, error) {
+	d, err := c.check(d)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := c.record(ctx, d.TxnID)
+	if err != nil {
+		return nil, err
+	}
+	if rec != nil && rec.Home != "" {
+		e := errcode.TxnNotHome.With("transaction %s is coordinated by island %s", d.TxnID, rec.Home)
+		e.Home = rec.Home
+		return nil, e
+	}
+	if rec != nil && rec.State != fsm.TxnPending {
+		return c.answer(rec, d.State)
+	}
+	if rec != nil {
+		d.Participants = append(d.Participants, withBackend(rec.Participants, c.island.BackendHash())...)
+	}
+	switch d.State {
+	case fsm.TxnPending:
+		return c.prepare(ctx, d)
+	case fsm.TxnCommit:
+		return c.commit(ctx, d, rec)
+	}
+	return c.finish(ctx, d, fsm.ReasonTC, "")
+}
+
+// answer reports a recorded final decision to a request for want.
+func (c *Coordinator) answer(rec *fsm.TxnRecord, want string) (*fsm.TxnInfo, error) {
+	info := recordInfo(rec)
+	if rec.State == want {
+		return info, nil
+	}
+	return nil, outcomeErr(info)
+}
+
+// outcomeErr explains a decision that is not the one asked for.
+func outcomeErr(info *fsm.TxnInfo) error {
+	switch {
+	case info.Reason == fsm.ReasonLockConflict:
+		return errcode.TxnLockConflict.With("%s", info.Detail)
+	case info.State == fsm.TxnCommit:
+		return errcode.TxnCommitted.With("transaction %s is committed", info.TxnID)
+	case info.State == fsm.TxnPending:
+		return errcode.TxnPending.With("transaction %s is not decided", info.TxnID)
+	}
+	if info.Detail != "" {
+		return errcode.TxnRolledBack.With("transaction %s was rolled back (%s: %s)", info.TxnID, info.Reason, info.Detail)
+	}
+	return errcode.TxnRolledBack.With("transaction %s was rolled back (%s)", info.TxnID, info.Reason)
+}
+
+func recordInfo(t *fsm.TxnRecord) *fsm.TxnInfo {
+	return &fsm.TxnInfo{TxnID: t.ID, State: t.State, Reason: t.Reason, Detail: t.Detail, Home: t.Home, TCTerm: t.TCTerm,
+		ExpiresAt: t.ExpiresAt, Participants: t.Participants, Prepared: t.Prepared, Acked: t.Acked}
+}
+
+func withBackend(ps []fsm.Participant, self string) []fsm.Participant {
+	out := make([]fsm.Participant, len(ps))
+	for i, p := range ps {
+		if p.Backend == "" {
+			p.Backend = self
+		}
+		out[i] = p
+	}
+	return out
+}
+
+// record reads txn's record (linearizably), nil when there is none.
+func (c *Coordinator) record(ctx context.Context, txn string) (*fsm.TxnRecord, error) {
+	var rec *fsm.TxnRecord
+	err := c.store.Read(ctx, func(v *fsm.View) error {
+		if t := v.Txn(txn); t != nil {
+			t.ID = txn
+			rec = t
+		}
+		return nil
+	})
+	return rec, err
+}
+
+func (c *Coordinator) propose(ctx context.Context, cmd *fsm.DecideCmd) (*fsm.TxnInfo, error) {
+	res, err := c.store.Propose(ctx, &fsm.Command{Op: fsm.OpTxnDecide, Decide: cmd})
+	if err != nil {
+		return nil, err
+	}
+	return res.Txn, nil
+}
+
+// localConflict checks this island's participants without a Raft round.
+func (c *Coordinator) localConflict(ctx context.Context, d Decision) (*errcode.Error, error) {
+	self := c.island.BackendHash()
+	var conflict *errcode.Error
+	err := c.store.Read(ctx, func(v *fsm.View) error {
+		for _, p := range d.Participants {
+			if p.Backend != self {
+				continue
+			}
+			if holder, ok := v.Conflict(p.Namespace, p.Key, d.TxnID, d.Owner); ok {
+				conflict = errcode.TxnLockConflict.With("%s%s", fsm.LockedPrefix, holder)
+				return nil
+			}
+		}
+		return nil
+	})
+	return conflict, err
+}
+
+// prepare records a pending decision and prepares every other island.
+func (c *Coordinator) prepare(ctx context.Context, d Decision) (*fsm.TxnInfo, error) {
+	conflict, err := c.localConflict(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	if conflict != nil {
+		return c.abort(ctx, d, fsm.ReasonLockConflict, conflict.Detail)
+	}
+	info, err := c.propose(ctx, &fsm.DecideCmd{TxnID: d.TxnID, State: fsm.TxnPending, Participants: d.Participants,
+		ExpiresAt: d.ExpiresAt.UnixMilli(), Owner: d.Owner, LeaseID: xid.New().String()})
+	if err != nil {
+		return nil, err
+	}
+	if info.State != fsm.TxnPending {
+		c.fanoutQuietly(ctx, info)
+		return nil, outcomeErr(info)
+	}
+	if err := c.prepareRemotes(ctx, d, nil); err != nil {
+		return c.prepareFailed(ctx, d, err)
+	}
+	// Remember who prepared, so that a commit does not need them again.
+	remotes := remoteBackends(d.Participants, c.island.BackendHash())
+	if len(remotes) == 0 {
+		return info, nil
+	}
+	return c.propose(ctx, &fsm.DecideCmd{TxnID: d.TxnID, State: fsm.TxnPending, Prepared: remotes})
+}
+
+// commit prepares what is not prepared yet, records the commit and fans it
+// out.
+func (c *Coordinator) commit(ctx context.Context, d Decision, rec *fsm.TxnRecord) (*fsm.TxnInfo, error) {
+	if rec == nil {
+		conflict, err := c.localConflict(ctx, d)
+		if err != nil {
+			return nil, err
+		}
+		if conflict != nil {
+			return c.abort(ctx, d, fsm.ReasonLockConflict, conflict.Detail)
+		}
+	}
+	var prepared []string
+	if rec != nil {
+		prepared = rec.Prepared
+	}
+	if err := c.prepareRemotes(ctx, d, prepared); err != nil {
+		return c.prepareFailed(ctx, d, err)
+	}
+	return c.finish(ctx, d, fsm.ReasonTC, "")
+}
+
+// prepareFailed decides what a failed prepare means: a lock conflict or a
+// refusal rolls the transaction back for good; an island that did not
+// answer leaves it pending for a retry (or its expiry).
+func (c *Coordinator) prepareFailed(ctx context.Context, d Decision, err error) (*fsm.TxnInfo, error) {
+	e := envelope(err)
+	switch {
+	case e != nil && e.Code == errcode.TxnLockConflict.Code:
+		return c.abort(ctx, d, fsm.ReasonLockConflict, e.Detail)
+	case e != nil && e.Code == errcode.TxnRolledBack.Code:
+		return c.abort(ctx, d, fsm.ReasonTC, e.Detail)
+	}
+	return nil, err
+}
+
+// abort rolls the transaction back for reason and answers with it.
+func (c *Coordinator) abort(ctx context.Context, d Decision, reason, detail string) (*fsm.TxnInfo, error) {
+	d.State = fsm.TxnRollback
+	info, err := c.finish(ctx, d, reason, detail)
+	if err != nil && !errors.Is(err, errcode.TxnFanoutFailed) {
+		return nil, err
+	}
+	return nil, outcomeErr(info)
+}
+
+// finish records a final decision (commit or rollback) and fans it out.
+func (c *Coordinator) finish(ctx context.Context, d Decision, reason, detail string) (*fsm.TxnInfo, error) {
+	info, err := c.propose(ctx, &fsm.DecideCmd{TxnID: d.TxnID, State: d.State, Participants: d.Participants,
+		Prepared: remoteBackends(d.Participants, c.island.BackendHash()), Reason: reason, Detail: detail})
+	if err != nil {
+		return nil, err
+	}
+	if err := c.fanout(ctx, info); err != nil {
+		return info, err
+	}
+	if info.State != d.State && d.State != fsm.TxnRollback {
+		return info, outcomeErr(info)
+	}
+	return info, nil
+}
+
+func remoteBackends(ps []fsm.Participant, self string) []string {
+	var out []string
+	for _, p := range ps {
+		if p.Backend != self && p.Backend != "" {
+			out = appendNew(out, p.Backend)
+		}
+	}
+	return out
+}
+
+func appendNew(set []string, s string) []string {
+	for _, x := range set {
+		if x == s {
+			return set
+		}
+	}
+	return append(set, s)
+}
+
+// Replay applies the recorded decision of txn again wherever it has not
+// been applied. A pending decision past its expiry is rolled back, one not
+// yet expired stays pending, and a transaction this coordinator has no
+// record of is rolled back and recorded so (presumed abort). On an island
+// that is a resource manager for txn, a replay asks the coordinating island
+// for its decision and applies it here.
+//
+// The answer carries this coordinator's current term, so that an island
+// in doubt can apply it even after it has seen newer terms. An island the
+// decision cannot reach now does not fail the replay: the resolver goes on
+// trying, and the caller learns the decision.
+func (c *Coordinator) Replay(ctx context.Context, txn string) (*fsm.TxnInfo, error) {
+	info, err := c.replay(ctx, txn)
+	if info != nil && info.Home == "" {
+		out := *info
+		out.TCTerm = max(out.TCTerm, c.island.Term())
+		info = &out
+	}
+	return info, err
+}
+
+func (c *Coordinator) replay(ctx context.Context, txn string) (*fsm.TxnInfo, error) {
+	txn, err := rm.TxnID(txn)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := c.record(ctx, txn)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case rec == nil:
+		return c.propose(ctx, &fsm.DecideCmd{TxnID: txn, State: fsm.TxnRollback, Reason: fsm.ReasonPresumedAbort,
+			Detail: "the coordinator has no record of the transaction"})
+	case rec.Home != "" && rec.State == fsm.TxnPending:
+		return c.resolveDoubt(ctx, rec)
+	case rec.Home != "":
+		return recordInfo(rec), nil
+	case rec.State == fsm.TxnPending && rec.ExpiresAt <= c.clock.Now().UnixMilli():
+		d := Decision{TxnID: txn, State: fsm.TxnRollback, Participants: withBackend(rec.Participants, c.island.BackendHash())}
+		info, err := c.finish(ctx, d, fsm.ReasonPresumedAbort, "the pending decision expired")
+		if errors.Is(err, errcode.TxnFanoutFailed) {
+			return info, nil
+		}
+		return info, err
+	case rec.State == fsm.TxnPending:
+		return recordInfo(rec), nil
+	}
+	info := recordInfo(rec)
+	c.fanoutQuietly(ctx, info)
+	return info, nil
+}
+
+// Status returns the record of txn on this island.
+func (c *Coordinator) Status(ctx context.Context, txn string) (*fsm.TxnInfo, error) {
+	txn, err := rm.TxnID(txn)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := c.record(ctx, txn)
+	if err != nil {
+		return nil, err
+	}
+	if rec == nil {
+		return nil, errcode.NotFound.With("no record of transaction %s", txn)
+	}
+	return recordInfo(rec), nil
+}
+
+// resolveDoubt asks the coordinating island of a prepared transaction for
+// its decision and applies it here.
+func (c *Coordinator) resolveDoubt(ctx context.Context, rec *fsm.TxnRecord) (*fsm.TxnInfo, error) {
+	var resp wire.TxnReplayResponse
+	err := c.atIsland(ctx, rec.Home, func(ctx context.Context, ep string) error {
+		var err error
+		resp, err = c.remote.Replay(ctx, ep, rec.ID)
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	if resp.State != fsm.TxnCommit && resp.State != fsm.TxnRollback {
+		return nil, errcode.TxnPending.With("island %s has not decided transaction %s", rec.Home, rec.ID)
+	}
+	term := max(resp.TCTerm, rec.TCTerm)
+	res, err := c.store.Propose(ctx, &fsm.Command{Op: fsm.OpTxnRMApply, RMApply: &fsm.RMApplyCmd{
+		TxnID: rec.ID, State: resp.State, Home: rec.Home, Term: term}})
+	if err != nil {
+		return nil, err
+	}
+	return res.Txn, nil
 }

@@ -22,6 +22,13 @@ const (
 	HeaderServedBy       = "X-Raftlockd-Node"
 	HeaderLeader         = "X-Raftlockd-Leader" // the Raft leader's node id, when the serving node knows it
 	HeaderSnapshotIndex  = "X-Raftlockd-Snapshot-Index"
+	// HeaderForwardedBy marks a request a follower passed on to the leader;
+	// the node receiving it serves it or refuses, and never passes it on again.
+	HeaderForwardedBy = "X-Raftlockd-Forwarded-By"
+	// HeaderTimeout carries how long the client still waits for the answer
+	// (a Go duration such as "1.5s"); the server gives up on the request,
+	// including its forwarding to the leader, when that time has passed.
+	HeaderTimeout = "X-Raftlockd-Timeout"
 )
 
 // DefaultNamespace is used when a request names none.

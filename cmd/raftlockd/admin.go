@@ -14,31 +14,37 @@ import (
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
+	"github.com/raftlockd/raftlockd/auth"
 	"github.com/raftlockd/raftlockd/client"
 	"github.com/raftlockd/raftlockd/wire"
 )
 
 // Operator commands: `snapshot save|restore`, `cluster
-// members|status|leave|remove-peer` and lockd-style `tc
-// leader|list|announce|leave`. They take --server and --timeout like the
-// client commands, from the same RAFTLOCKD_CLIENT_* variables.
+// members|status|leave|remove-peer`, lockd-style `tc
+// leader|list|announce|leave`, `tc rm ...` and `tc trust ...`. They take
+// --server, --bundle and --timeout like the client commands, from the same
+// RAFTLOCKD_CLIENT_* variables, and present a server bundle by default
+// (a TC client bundle for the coordinator's client endpoints).
 
 // adminOpts are the flags of the operator commands.
 type adminOpts struct {
-	clientOpts
+	conn
 	format string
 }
 
-// addAdminFlags registers --server and --timeout (and --format when
-// withFormat) on cmd for all its subcommands.
-func addAdminFlags(cmd *cobra.Command, o *adminOpts, withFormat bool) {
-	pf := cmd.PersistentFlags()
-	pf.StringVar(&o.server, "server", "http://127.0.0.1:9341", "server URL")
-	pf.DurationVar(&o.timeout, "timeout", 0, "give up after this long (0: no limit)")
+// addAdminFlags registers the connection flags (presenting file by
+// default, described as which in the help) and, when withFormat, --format
+// on cmd for all its subcommands.
+func addAdminFlags(cmd *cobra.Command, o *adminOpts, withFormat bool, file, which string) {
+	o.register(cmd, file, which)
 	if withFormat {
-		pf.StringVar(&o.format, "format", "table", "output: table or json")
+		addFormatFlag(cmd.PersistentFlags(), &o.format)
 	}
-	pf.VisitAll(func(f *pflag.Flag) { f.Usage += fmt.Sprintf(" (env %s)", envName(clientEnv, f.Name)) })
+	annotateEnv(cmd.PersistentFlags(), clientEnv)
+}
+
+func addFormatFlag(fs *pflag.FlagSet, format *string) {
+	fs.StringVar(format, "format", "table", "output: table or json")
 }
 
 func addSubcommands(parent *cobra.Command, subs ...*cobra.Command) {
@@ -50,7 +56,12 @@ func addSubcommands(parent *cobra.Command, subs ...*cobra.Command) {
 
 // output prints v as JSON, or with table when --format is table.
 func (o *adminOpts) output(w io.Writer, v any, table func(w *tabwriter.Writer)) error {
-	switch o.format {
+	return render(w, o.format, v, table)
+}
+
+// render prints v as JSON when format is json, or with table.
+func render(w io.Writer, format string, v any, table func(w *tabwriter.Writer)) error {
+	switch format {
 	case "json":
 		return printJSON(w, v)
 	case "table", "":
@@ -58,24 +69,23 @@ func (o *adminOpts) output(w io.Writer, v any, table func(w *tabwriter.Writer)) 
 		table(tw)
 		return tw.Flush()
 	}
-	return fmt.Errorf("--format %q: want table or json", o.format)
+	return fmt.Errorf("--format %q: want table or json", format)
 }
 
 func newSnapshotCmd() *cobra.Command {
 	o := &adminOpts{}
 	cmd := &cobra.Command{Use: "snapshot", Short: "Save the cluster's state to a file, or restore it from one"}
-	addAdminFlags(cmd, o, false)
+	addAdminFlags(cmd, o, false, auth.ServerFile, "")
 	addSubcommands(cmd, &cobra.Command{
 		Use:   "save FILE",
 		Short: "Save a snapshot of the cluster's state (every acknowledged write) to FILE",
 		Args:  cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := o.dial()
+			c, ctx, cancel, err := o.open(cmd)
+			defer cancel()
 			if err != nil {
 				return err
 			}
-			ctx, cancel := o.context()
-			defer cancel()
 			p := newProgress(cmd.ErrOrStderr(), "received")
 			n, err := writeFileAtomic(args[0], func(w io.Writer) (int64, error) { return c.SaveSnapshot(ctx, w, p.update) })
 			if err != nil {
@@ -88,8 +98,8 @@ func newSnapshotCmd() *cobra.Command {
 		Use:   "restore FILE",
 		Short: "Replace the whole cluster's state with the snapshot in FILE",
 		Long: `Replace the whole cluster's state with a snapshot saved by 'snapshot save'.
-The leader restores it (a follower names the leader and the upload goes there)
-and installs it on every member. Documents, versions, leases and transactions
+The leader restores it (any other node forwards the upload to the leader, so
+--server may name any member) and installs it on every member. Documents, versions, leases and transactions
 return to the moment of the snapshot; fencing tokens do not go back: every
 key's next token is above any token issued before the restore.`,
 		Args: cobra.ExactArgs(1),
@@ -103,12 +113,11 @@ key's next token is above any token issued before the restore.`,
 			if err != nil {
 				return err
 			}
-			c, err := o.dial()
+			c, ctx, cancel, err := o.open(cmd)
+			defer cancel()
 			if err != nil {
 				return err
 			}
-			ctx, cancel := o.context()
-			defer cancel()
 			p := newProgress(cmd.ErrOrStderr(), "sent")
 			out, err := c.RestoreSnapshot(ctx, f, st.Size(), p.update)
 			if err != nil {
@@ -221,12 +230,11 @@ func humanBytes(n int64) string {
 func runAdmin[T any](o *adminOpts, call func(context.Context, *client.Client, []string) (T, error),
 	table func(io.Writer, T)) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
-		c, err := o.dial()
+		c, ctx, cancel, err := o.open(cmd)
+		defer cancel()
 		if err != nil {
 			return err
 		}
-		ctx, cancel := o.context()
-		defer cancel()
 		out, err := call(ctx, c, args)
 		if err != nil {
 			return err
@@ -238,7 +246,7 @@ func runAdmin[T any](o *adminOpts, call func(context.Context, *client.Client, []
 func newClusterCmd() *cobra.Command {
 	o := &adminOpts{}
 	cmd := &cobra.Command{Use: "cluster", Short: "Inspect and change the cluster's membership"}
-	addAdminFlags(cmd, o, true)
+	addAdminFlags(cmd, o, true, auth.ServerFile, "")
 	addSubcommands(cmd, &cobra.Command{
 		Use:   "members",
 		Short: "List the servers with their suffrage, gossip status and Raft progress",
@@ -316,8 +324,9 @@ func statusTable(w io.Writer, st *wire.ClusterStatusResponse) {
 func newTCCmd() *cobra.Command {
 	o := &adminOpts{}
 	var self string
-	cmd := &cobra.Command{Use: "tc", Short: "lockd-style transaction coordinator membership: leader, list, announce, leave"}
-	addAdminFlags(cmd, o, true)
+	cmd := &cobra.Command{Use: "tc", Short: "lockd-style transaction coordinator membership (leader, list, announce, leave), " +
+		"RM registry (rm) and trusted CAs (trust)"}
+	addAdminFlags(cmd, o, true, auth.TCClientFile, auth.TCClientFile+" (leader, list, rm list) or "+auth.ServerFile+" (the others)")
 	endpoints := func(w io.Writer, list []string) {
 		for _, e := range list {
 			fmt.Fprintln(w, e)
@@ -366,5 +375,7 @@ func newTCCmd() *cobra.Command {
 			return c.TCList(ctx)
 		}, func(w io.Writer, out *wire.TCClusterListResponse) { endpoints(w, out.Endpoints) }),
 	}, announce, leave)
+	useBundle(auth.ServerFile, announce, leave)
+	cmd.AddCommand(newRMCmd(o), newTrustCmd(o))
 	return cmd
 }

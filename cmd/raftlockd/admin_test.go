@@ -142,6 +142,7 @@ func TestCLIClusterLeaveExitsZero(t *testing.T) {
 			"--gossip-listen", gossip[i], "--join", strings.Join(gossip, ","), "--bootstrap-expect", "2")
 		nodes = append(nodes, n)
 	}
+	shareCA(t, nodes[0].dir, nodes[1].dir)
 	var procs []*serverProc
 	for _, n := range nodes {
 		procs = append(procs, spawnServer(t, n.listen, n.args, nil))

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -18,13 +20,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/raftlockd/raftlockd/auth"
 	"github.com/raftlockd/raftlockd/internal/testutil"
 	"github.com/raftlockd/raftlockd/wire"
 )
 
 // These tests drive the real binary: `raftlockd server` runs as a child
 // process and `raftlockd client ...` is invoked directly or from bash, the
-// way an operator would.
+// way an operator would. Servers serve mutual TLS unless a test is about
+// plain HTTP; the commands find the bundles in the server's data directory
+// through RAFTLOCKD_DATA_DIR, as they would on the server's machine.
 
 // lockedBuffer collects a child process's output while it runs.
 type lockedBuffer struct {
@@ -44,19 +49,25 @@ func (b *lockedBuffer) String() string {
 	return b.buf.String()
 }
 
+// dataHome stands in for XDG_DATA_HOME in every child process (see
+// TestMain): an empty directory, so that no command finds the bundles of
+// a server this machine's user runs in the default data directory.
+var dataHome string
+
 // baseEnv is the test process's environment without any RAFTLOCKD_
-// variable, with the binary's directory first on PATH, plus extra.
+// variable, with the binary's directory first on PATH and XDG_DATA_HOME
+// set to dataHome, plus extra (which wins).
 func baseEnv(t testing.TB, extra ...string) []string {
 	t.Helper()
 	bin := testutil.Binary(t)
 	var env []string
 	for _, kv := range os.Environ() {
-		if strings.HasPrefix(kv, "RAFTLOCKD_") || strings.HasPrefix(kv, "PATH=") {
+		if strings.HasPrefix(kv, "RAFTLOCKD_") || strings.HasPrefix(kv, "PATH=") || strings.HasPrefix(kv, "XDG_DATA_HOME=") {
 			continue
 		}
 		env = append(env, kv)
 	}
-	env = append(env, "PATH="+filepath.Dir(bin)+string(os.PathListSeparator)+os.Getenv("PATH"))
+	env = append(env, "PATH="+filepath.Dir(bin)+string(os.PathListSeparator)+os.Getenv("PATH"), "XDG_DATA_HOME="+dataHome)
 	return append(env, extra...)
 }
 
@@ -64,10 +75,40 @@ func baseEnv(t testing.TB, extra ...string) []string {
 type serverProc struct {
 	t       testing.TB
 	cmd     *exec.Cmd
-	url     string
+	url     string // https://listen, or http:// with mTLS disabled
 	log     *lockedBuffer
 	done    chan struct{} // closed once the process has exited
 	waitErr error
+	nodeID  string // the node id it is started with; "" when it keeps one in its data dir
+	dataDir string // its --data-dir or RAFTLOCKD_DATA_DIR; "" for the default one
+	bundle  string // its --bundle or RAFTLOCKD_BUNDLE; "" for <data dir>/tls/server.pem
+}
+
+// flagValue is the value of a server flag that takes one, as a server
+// started with args and env sees it: the flag's last occurrence, else its
+// environment variable.
+func flagValue(args, env []string, flag string) string {
+	val, found := "", false
+	for i, a := range args {
+		if a == "--"+flag && i+1 < len(args) {
+			val, found = args[i+1], true
+		} else if v, ok := strings.CutPrefix(a, "--"+flag+"="); ok {
+			val, found = v, true
+		}
+	}
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, envName("RAFTLOCKD_", flag)+"="); ok && !found {
+			val = v
+		}
+	}
+	return val
+}
+
+// mtlsDisabled reports whether a server started with args and env serves
+// plain HTTP.
+func mtlsDisabled(args, env []string) bool {
+	off, _ := strconv.ParseBool(flagValue(args, env, "disable-mtls"))
+	return off || slices.Contains(args, "--disable-mtls")
 }
 
 // serverFlags are the flags of a fast-starting node in dataDir.
@@ -81,7 +122,11 @@ func serverFlags(dataDir, listen, raftListen string) []string {
 // environment and kills it when the test ends. It does not wait for it.
 func spawnServer(t testing.TB, listen string, args, env []string) *serverProc {
 	t.Helper()
-	p := &serverProc{t: t, url: "http://" + listen, log: &lockedBuffer{}, done: make(chan struct{})}
+	p := &serverProc{t: t, url: "https://" + listen, log: &lockedBuffer{}, done: make(chan struct{}),
+		dataDir: flagValue(args, env, "data-dir"), bundle: flagValue(args, env, "bundle")}
+	if mtlsDisabled(args, env) {
+		p.url = "http://" + listen
+	}
 	p.cmd = exec.Command(testutil.Binary(t), append([]string{"server"}, args...)...)
 	p.cmd.Env = baseEnv(t, env...)
 	p.cmd.Stdout = p.log
@@ -132,22 +177,20 @@ func (p *serverProc) exited() bool {
 // node id it reports is the one kept in dataDir), the process exits or the
 // timeout passes.
 func (p *serverProc) waitReady(dataDir string, timeout time.Duration) error {
-	hc := &http.Client{Timeout: time.Second}
-	defer hc.CloseIdleConnections()
 	deadline := time.Now().Add(timeout)
 	for {
 		if p.exited() {
 			return fmt.Errorf("server %s exited before it was ready (%v); output:\n%s", p.url, p.waitErr, p.log.String())
 		}
-		if resp, err := hc.Get(p.url + "/readyz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK {
-				id, _ := os.ReadFile(filepath.Join(dataDir, "node-id"))
-				if got := resp.Header.Get(wire.HeaderServedBy); got == strings.TrimSpace(string(id)) {
-					return nil
-				} else if got != "" && len(id) > 0 {
-					return fmt.Errorf("%s is served by node %q, not by the node in %s (%q)", p.url, got, dataDir, id)
-				}
+		if served, err := p.probe(dataDir, "/readyz"); err == nil {
+			id := []byte(p.nodeID)
+			if p.nodeID == "" {
+				id, _ = os.ReadFile(filepath.Join(dataDir, "node-id"))
+			}
+			if served == strings.TrimSpace(string(id)) {
+				return nil
+			} else if served != "" && len(id) > 0 {
+				return fmt.Errorf("%s is served by node %q, not by the node in %s (%q)", p.url, served, dataDir, id)
 			}
 		}
 		if time.Now().After(deadline) {
@@ -155,6 +198,56 @@ func (p *serverProc) waitReady(dataDir string, timeout time.Duration) error {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// probe GETs path (a probe) and returns the node that answered 200.
+func (p *serverProc) probe(dataDir, path string) (servedBy string, err error) {
+	hc := p.probeClient(dataDir)
+	if hc == nil {
+		return "", errors.New("the server has not written its bundle yet")
+	}
+	resp, err := hc.Get(p.url + path)
+	if err != nil {
+		return "", err
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET %s: %s", path, resp.Status)
+	}
+	return resp.Header.Get(wire.HeaderServedBy), nil
+}
+
+// probeClient is an HTTP client for the node's open endpoints (probes),
+// which checks the server against the CA of its bundle (from its data dir
+// when it was given none); nil while that bundle does not exist yet.
+func (p *serverProc) probeClient(dataDir string) *http.Client {
+	tr := &http.Transport{DisableKeepAlives: true}
+	if strings.HasPrefix(p.url, "https://") {
+		path := p.bundle
+		if path == "" {
+			path = filepath.Join(dataDir, "tls", auth.ServerFile)
+		}
+		b, err := auth.LoadBundle(path)
+		if err != nil {
+			return nil
+		}
+		tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: b.Roots()}
+	}
+	return &http.Client{Timeout: time.Second, Transport: tr}
+}
+
+// clientTLS is the TLS configuration of the client bundle in the node's
+// data dir, for SDK clients; nil with mTLS disabled.
+func (p *serverProc) clientTLS() *tls.Config {
+	p.t.Helper()
+	if !strings.HasPrefix(p.url, "https://") {
+		return nil
+	}
+	b, err := auth.LoadBundle(filepath.Join(p.dataDir, "tls", auth.ClientFile))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	return auth.ClientConfig(b)
 }
 
 // kill SIGKILLs the process (if it still runs) and waits for it to exit.
@@ -185,9 +278,51 @@ func (p *serverProc) stop() {
 	}
 }
 
-// clientEnv points client commands at the server.
+// clientEnv points client commands at the server and, through
+// RAFTLOCKD_DATA_DIR, at the bundles in its data dir.
 func (p *serverProc) clientEnv(extra ...string) []string {
-	return append([]string{"RAFTLOCKD_CLIENT_SERVER=" + p.url}, extra...)
+	env := []string{"RAFTLOCKD_CLIENT_SERVER=" + p.url}
+	if p.dataDir != "" {
+		env = append(env, "RAFTLOCKD_DATA_DIR="+p.dataDir)
+	}
+	return append(env, extra...)
+}
+
+// loopbackHost is the loopback address testutil.FreeAddr hands out
+// addresses on (one per test process).
+func loopbackHost(t testing.TB) string {
+	t.Helper()
+	host, _, err := net.SplitHostPort(testutil.FreeAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return host
+}
+
+// shareCA gives every data dir the bundles of one new CA, where the
+// single-node default would create bundles of its own: tls/server.pem
+// (valid for the loopback addresses, loopbackHost's among them),
+// tls/client.pem (every namespace) and tls/tcclient.pem. Nodes started on those data dirs can form one cluster,
+// and commands find the bundles through RAFTLOCKD_DATA_DIR.
+func shareCA(t testing.TB, dataDirs ...string) *auth.Bundle {
+	t.Helper()
+	ca, err := auth.NewCA(auth.IssueOptions{Name: "test cluster CA"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, dir := range dataDirs {
+		tlsDir := filepath.Join(dir, "tls")
+		testutil.ServerBundle(t, tlsDir, ca, loopbackHost(t))
+		for file, b := range map[string]*auth.Bundle{
+			auth.ClientFile:   testutil.Issue(t, ca, auth.RoleClient, auth.IssueOptions{Perms: []auth.Perm{{Namespace: "*", Write: true}}}),
+			auth.TCClientFile: testutil.Issue(t, ca, auth.RoleTCClient, auth.IssueOptions{}),
+		} {
+			if err := b.WriteFile(filepath.Join(tlsDir, file)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return ca
 }
 
 type cliResult struct {
@@ -552,10 +687,9 @@ func TestCLIKeepAliveDescribe(t *testing.T) {
 	if d := describe(t, srv.clientEnv(), "ka"); d.Version != 1 || d.LeaseID != "" || d.StateETag == "" {
 		t.Fatalf("describe after release: %+v, want version 1, an etag and no holder", d)
 	}
-	// A key that was never used is not found.
-	res := cli(t, srv.clientEnv(), "", "client", "describe", "--key", "never-used")
-	if res.code == 0 || !strings.Contains(res.stderr, "not_found") {
-		t.Fatalf("describe of an unused key: exit %d, stderr %q", res.code, res.stderr)
+	// A key that was never used is described as lockd does: version 0.
+	if d := describe(t, srv.clientEnv(), "never-used"); d.Key != "never-used" || d.Version != 0 || d.LeaseID != "" {
+		t.Fatalf("describe of an unused key: %+v", d)
 	}
 }
 
@@ -621,20 +755,79 @@ func TestCLIErrors(t *testing.T) {
 func TestEnvForFlags(t *testing.T) {
 	t.Parallel()
 	dir, listen, raftListen := t.TempDir(), testutil.FreeAddr(t), testutil.FreeAddr(t)
-	srv := startServer(t, dir, listen, nil, []string{
+	// The bundles come from RAFTLOCKD_BUNDLE (the server's) and
+	// RAFTLOCKD_CLIENT_BUNDLE (the commands'): nothing is created in the
+	// data dir, and the commands' TLS handshakes succeed only with them.
+	bundles := t.TempDir()
+	shareCA(t, bundles)
+	serverBundle := filepath.Join(bundles, "tls", auth.ServerFile)
+	// The node id comes from RAFTLOCKD_NODE_ID: the server must answer as
+	// env-node before it counts as ready.
+	srv := spawnServer(t, listen, nil, []string{
 		"RAFTLOCKD_DATA_DIR=" + dir, "RAFTLOCKD_LISTEN=" + listen, "RAFTLOCKD_RAFT_LISTEN=" + raftListen,
 		"RAFTLOCKD_RAFT_HEARTBEAT_TIMEOUT=200ms", "RAFTLOCKD_RAFT_ELECTION_TIMEOUT=200ms", "RAFTLOCKD_LOG_FORMAT=json",
-		"RAFTLOCKD_GOSSIP_LISTEN=127.0.0.1:0",
+		"RAFTLOCKD_GOSSIP_LISTEN=127.0.0.1:0", "RAFTLOCKD_NODE_ID=env-node", "RAFTLOCKD_BUNDLE=" + serverBundle,
+		"RAFTLOCKD_DEFAULT_TTL=50s", "RAFTLOCKD_MAX_TTL=2m", "RAFTLOCKD_ACQUIRE_BLOCK=1s",
 	})
+	srv.nodeID = "env-node"
+	cenv := func(extra ...string) []string {
+		return srv.clientEnv(append([]string{"RAFTLOCKD_CLIENT_BUNDLE=" + filepath.Join(bundles, "tls", auth.ClientFile)}, extra...)...)
+	}
+	if err := srv.waitReady(dir, 20*time.Second); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := os.Stat(filepath.Join(dir, "state.db")); err != nil {
 		t.Fatalf("RAFTLOCKD_DATA_DIR not used: %v", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "node-id")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a node id was generated although RAFTLOCKD_NODE_ID was set: %v", err)
 	}
 	if !strings.Contains(srv.log.String(), `"msg":"raftlockd serving"`) {
 		t.Fatalf("RAFTLOCKD_LOG_FORMAT=json not used; output:\n%s", srv.log.String())
 	}
+	if _, err := os.Stat(filepath.Join(dir, "tls")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("bundles were created although RAFTLOCKD_BUNDLE was set: %v", err)
+	}
+	// A client bundle of another CA does not get through: the bundles
+	// from the environment are the ones in use.
+	other := t.TempDir()
+	shareCA(t, other)
+	if res := cli(t, cenv("RAFTLOCKD_CLIENT_BUNDLE="+filepath.Join(other, "tls", auth.ClientFile)), "", "client", "get", "--key", "x"); res.code == 0 ||
+		!strings.Contains(res.stderr, "certificate") {
+		t.Fatalf("a client bundle of another CA: exit %d, stderr %q", res.code, res.stderr)
+	}
+
+	// Server lease policy: default TTL, maximum TTL (a longer TTL is
+	// clamped) and the longest wait.
+	dflt := parseExports(t, mustCLI(t, cenv(), "", "client", "acquire", "--key", "dflt"))
+	wantExpiry(t, "RAFTLOCKD_DEFAULT_TTL", dflt["RAFTLOCKD_CLIENT_EXPIRES_AT"], 50*time.Second)
+	capped := parseExports(t, mustCLI(t, cenv(), "", "client", "acquire", "--key", "capped", "--ttl", "1h"))
+	wantExpiry(t, "RAFTLOCKD_MAX_TTL", capped["RAFTLOCKD_CLIENT_EXPIRES_AT"], 2*time.Minute)
+	started := time.Now()
+	res := cli(t, cenv(), "", "client", "acquire", "--key", "dflt")
+	if took := time.Since(started); res.code == 0 || !strings.Contains(res.stderr, "waiting") || took > 15*time.Second {
+		t.Fatalf("acquire of a held key with RAFTLOCKD_ACQUIRE_BLOCK=1s: exit %d after %s, stderr %q", res.code, took, res.stderr)
+	}
+	// Client: --block, --txn-id and --if-not-exists from the environment.
+	res = cli(t, cenv("RAFTLOCKD_CLIENT_BLOCK=-1"), "", "client", "acquire", "--key", "dflt")
+	if res.code == 0 || !strings.Contains(res.stderr, "held by another owner") {
+		t.Fatalf("acquire with RAFTLOCKD_CLIENT_BLOCK=-1: exit %d, stderr %q", res.code, res.stderr)
+	}
+	joined := parseExports(t, mustCLI(t, cenv("RAFTLOCKD_CLIENT_TXN_ID="+dflt["RAFTLOCKD_CLIENT_TXN_ID"]), "",
+		"client", "acquire", "--key", "joined"))
+	if joined["RAFTLOCKD_CLIENT_TXN_ID"] != dflt["RAFTLOCKD_CLIENT_TXN_ID"] {
+		t.Fatalf("RAFTLOCKD_CLIENT_TXN_ID not used: %v, want txn %s", joined, dflt["RAFTLOCKD_CLIENT_TXN_ID"])
+	}
+	mustCLI(t, cenv(envList(dflt)...), `{"d":1}`, "client", "update")
+	mustCLI(t, cenv(envList(dflt)...), "", "client", "release")
+	mustCLI(t, cenv(envList(capped)...), "", "client", "release")
+	res = cli(t, cenv("RAFTLOCKD_CLIENT_IF_NOT_EXISTS=true"), "", "client", "acquire", "--key", "dflt")
+	if res.code == 0 || !strings.Contains(res.stderr, "already_exists") {
+		t.Fatalf("acquire with RAFTLOCKD_CLIENT_IF_NOT_EXISTS=true of a key with state: exit %d, stderr %q", res.code, res.stderr)
+	}
 
 	// Client: key, TTL, owner and namespace from the environment.
-	env := srv.clientEnv("RAFTLOCKD_CLIENT_KEY=from-env", "RAFTLOCKD_CLIENT_TTL=45s",
+	env := cenv("RAFTLOCKD_CLIENT_KEY=from-env", "RAFTLOCKD_CLIENT_TTL=45s",
 		"RAFTLOCKD_CLIENT_OWNER=env-owner", "RAFTLOCKD_CLIENT_NAMESPACE=envns")
 	lease := parseExports(t, mustCLI(t, env, "", "client", "acquire"))
 	if lease["RAFTLOCKD_CLIENT_KEY"] != "from-env" || lease["RAFTLOCKD_CLIENT_OWNER"] != "env-owner" ||
@@ -642,7 +835,7 @@ func TestEnvForFlags(t *testing.T) {
 		t.Fatalf("acquire ignored the environment: %v", lease)
 	}
 	wantExpiry(t, "expiry from RAFTLOCKD_CLIENT_TTL", lease["RAFTLOCKD_CLIENT_EXPIRES_AT"], 45*time.Second)
-	held := srv.clientEnv(envList(lease)...)
+	held := cenv(envList(lease)...)
 	mustCLI(t, held, `{"env":true}`, "client", "update")
 	mustCLI(t, held, "", "client", "release")
 	wantJSON(t, "get with key and namespace from env", mustCLI(t, env, "", "client", "get"), `{"env":true}`)
@@ -652,7 +845,7 @@ func TestEnvForFlags(t *testing.T) {
 	}
 
 	// A variable that does not parse is reported by name.
-	res := cli(t, srv.clientEnv("RAFTLOCKD_CLIENT_TIMEOUT=soon"), "", "client", "get", "--key", "x")
+	res = cli(t, cenv("RAFTLOCKD_CLIENT_TIMEOUT=soon"), "", "client", "get", "--key", "x")
 	if res.code == 0 || !strings.Contains(res.stderr, "RAFTLOCKD_CLIENT_TIMEOUT") {
 		t.Fatalf("bad RAFTLOCKD_CLIENT_TIMEOUT: exit %d, stderr %q", res.code, res.stderr)
 	}
@@ -673,46 +866,56 @@ func TestEnvForFlags(t *testing.T) {
 	}
 }
 
-// portsFree reports whether every address can be listened on right now.
-func portsFree(addrs ...string) bool {
-	for _, a := range addrs {
-		ln, err := net.Listen("tcp", a)
-		if err != nil {
-			return false
-		}
-		ln.Close()
-	}
-	return true
-}
-
-// TestServerDefaults runs `raftlockd server` with no flags at all: it must
-// keep its state in $XDG_DATA_HOME/raftlockd, serve on 127.0.0.1:9341 (the
-// client's default server) and resume from that state after a restart.
+// TestServerDefaults runs `raftlockd server` without flags: it must keep
+// its state in $XDG_DATA_HOME/raftlockd, bootstrap a single-node cluster
+// there with its CA and bundles, and resume from that state (and with the
+// same bundles) after a restart; client commands find the client bundle in
+// the default data directory. Only the addresses come from the
+// environment, so that the test does not depend on the default ports being
+// free; the default addresses themselves (127.0.0.1:9341, which is also
+// the client's default server, :9342 and :9343) are checked in the help
+// output.
 func TestServerDefaults(t *testing.T) {
-	const listen, raftListen, gossipListen = "127.0.0.1:9341", "127.0.0.1:9342", "127.0.0.1:9343"
-	if !portsFree(listen, raftListen, gossipListen) {
-		t.Skipf("%s, %s or %s is in use", listen, raftListen, gossipListen)
-	}
 	home, xdg := t.TempDir(), t.TempDir()
-	env := []string{"HOME=" + home, "XDG_DATA_HOME=" + xdg}
 	dataDir := filepath.Join(xdg, "raftlockd")
+	base := []string{"HOME=" + home, "XDG_DATA_HOME=" + xdg}
+	help := mustCLI(t, base, "", "server", "--help")
+	for _, want := range []string{`(default "127.0.0.1:9341")`, `(default "127.0.0.1:9342")`, `(default "127.0.0.1:9343")`,
+		`(default "` + dataDir + `")`} {
+		if !strings.Contains(help, want) {
+			t.Errorf("server --help lacks %s:\n%s", want, help)
+		}
+	}
+	help = strings.Join(strings.Fields(mustCLI(t, base, "", "client", "--help")), " ")
+	for _, want := range []string{"(default https://127.0.0.1:9341 with a bundle, http://127.0.0.1:9341 without;",
+		"client.pem in $RAFTLOCKD_DATA_DIR/tls, else in " + filepath.Join(dataDir, "tls")} {
+		if !strings.Contains(help, want) {
+			t.Errorf("client --help lacks %q (the server's default address and bundles):\n%s", want, help)
+		}
+	}
+
+	listen := testutil.FreeAddr(t)
+	env := append(base, "RAFTLOCKD_LISTEN="+listen, "RAFTLOCKD_RAFT_LISTEN="+testutil.FreeAddr(t),
+		"RAFTLOCKD_GOSSIP_LISTEN=127.0.0.1:0")
 	start := func() *serverProc {
 		t.Helper()
 		p := spawnServer(t, listen, nil, env)
 		if err := p.waitReady(dataDir, 20*time.Second); err != nil {
-			if p.exited() && strings.Contains(p.log.String(), "address already in use") {
-				t.Skipf("default ports taken by another process: %v", err)
-			}
 			t.Fatal(err)
 		}
 		return p
 	}
+	// No scheme: https, since the commands find a bundle.
+	env = append(env, "RAFTLOCKD_CLIENT_SERVER="+listen)
 	srv := start()
+	clientBundle, err := os.ReadFile(filepath.Join(dataDir, "tls", auth.ClientFile))
+	if err != nil {
+		t.Fatalf("no client bundle in the default data dir: %v", err)
+	}
 	nodeID, err := os.ReadFile(filepath.Join(dataDir, "node-id"))
 	if err != nil {
 		t.Fatalf("no node id in the default data dir: %v", err)
 	}
-	// No RAFTLOCKD_CLIENT_SERVER: the client's default is the server's.
 	lease := parseExports(t, mustCLI(t, env, "", "client", "acquire", "--key", "persist"))
 	if lease["RAFTLOCKD_CLIENT_FENCING_TOKEN"] != "1" {
 		t.Fatalf("first acquire: %v, want fencing token 1", lease)
@@ -725,6 +928,9 @@ func TestServerDefaults(t *testing.T) {
 	srv = start()
 	if again, _ := os.ReadFile(filepath.Join(dataDir, "node-id")); !bytes.Equal(again, nodeID) {
 		t.Fatalf("node id changed across restart: %q -> %q", nodeID, again)
+	}
+	if again, _ := os.ReadFile(filepath.Join(dataDir, "tls", auth.ClientFile)); !bytes.Equal(again, clientBundle) {
+		t.Fatal("the client bundle was replaced by the restart")
 	}
 	wantJSON(t, "state after restart", mustCLI(t, env, "", "client", "get", "--key", "persist"), `{"survives":"restart"}`)
 	lease = parseExports(t, mustCLI(t, env, "", "client", "acquire", "--key", "persist", "--block=-1"))

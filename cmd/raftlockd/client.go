@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
-	"github.com/spf13/pflag"
 
+	"github.com/raftlockd/raftlockd/auth"
 	"github.com/raftlockd/raftlockd/client"
 	"github.com/raftlockd/raftlockd/wire"
 )
@@ -22,20 +22,13 @@ const clientEnv = "RAFTLOCKD_CLIENT_"
 
 // clientOpts are the flags shared by every client command.
 type clientOpts struct {
-	server    string
+	conn
 	namespace string
-	timeout   time.Duration
 }
 
-func (o *clientOpts) dial() (*client.Client, error) {
-	return client.New(o.server, client.WithNamespace(o.namespace))
-}
-
-func (o *clientOpts) context() (context.Context, context.CancelFunc) {
-	if o.timeout <= 0 {
-		return context.WithCancel(context.Background())
-	}
-	return context.WithTimeout(context.Background(), o.timeout)
+// open connects to the server with the namespace as the default.
+func (o *clientOpts) open(cmd *cobra.Command) (*client.Client, context.Context, context.CancelFunc, error) {
+	return o.conn.open(cmd, client.WithNamespace(o.namespace))
 }
 
 // leaseFlags name a held lease; `acquire` exports them for later commands.
@@ -97,16 +90,16 @@ func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''
 func newClientCmd() *cobra.Command {
 	opts := &clientOpts{}
 	cmd := &cobra.Command{Use: "client", Short: "Drive leases and state on a raftlockd server"}
+	opts.register(cmd, auth.ClientFile, "")
 	pf := cmd.PersistentFlags()
-	pf.StringVar(&opts.server, "server", "http://127.0.0.1:9341", "server URL")
 	pf.StringVar(&opts.namespace, "namespace", wire.DefaultNamespace, "namespace")
-	pf.DurationVar(&opts.timeout, "timeout", 0, "give up after this long (0: no limit)")
-	pf.VisitAll(func(f *pflag.Flag) { f.Usage += fmt.Sprintf(" (env %s)", envName(clientEnv, f.Name)) })
+	annotateEnv(pf, clientEnv)
 	for _, sub := range []*cobra.Command{newAcquireCmd(opts), newKeepAliveCmd(opts), newGetCmd(opts), newUpdateCmd(opts),
 		newRemoveCmd(opts), newReleaseCmd(opts), newDescribeCmd(opts)} {
 		bindEnv(sub, clientEnv)
 		cmd.AddCommand(sub)
 	}
+	cmd.AddCommand(newQueueCmd(opts), newUTXOCmd(opts))
 	return cmd
 }
 
@@ -135,12 +128,11 @@ joins that transaction.`,
 			if err != nil {
 				return fmt.Errorf("--block: %w", err)
 			}
-			c, err := opts.dial()
+			c, ctx, cancel, err := opts.open(cmd)
+			defer cancel()
 			if err != nil {
 				return err
 			}
-			ctx, cancel := opts.context()
-			defer cancel()
 			req := wire.AcquireRequest{Namespace: opts.namespace, Key: l.key, Owner: owner, TTLSeconds: ttlSecs,
 				BlockSecs: blockSecs, IfNotExists: ifNotExists, TxnID: l.txnID}
 			if idem == "" {
@@ -189,12 +181,11 @@ func newKeepAliveCmd(opts *clientOpts) *cobra.Command {
 			if err != nil {
 				return fmt.Errorf("--ttl: %w", err)
 			}
-			c, err := opts.dial()
+			c, ctx, cancel, err := opts.open(cmd)
+			defer cancel()
 			if err != nil {
 				return err
 			}
-			ctx, cancel := opts.context()
-			defer cancel()
 			out, err := c.KeepAlive(ctx, l.ref(opts.namespace), time.Duration(secs)*time.Second)
 			if err != nil {
 				return err
@@ -216,12 +207,11 @@ func newGetCmd(opts *clientOpts) *cobra.Command {
 		Short: "Print a key's JSON state (the holder's view with --lease, the committed one otherwise)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := opts.dial()
+			c, ctx, cancel, err := opts.open(cmd)
+			defer cancel()
 			if err != nil {
 				return err
 			}
-			ctx, cancel := opts.context()
-			defer cancel()
 			var doc *client.Document
 			switch {
 			case stale:
@@ -246,6 +236,15 @@ func newGetCmd(opts *clientOpts) *cobra.Command {
 	return cmd
 }
 
+// readInput reads the file named by the command's only argument, or stdin
+// when there is none or it is "-".
+func readInput(cmd *cobra.Command, args []string) ([]byte, error) {
+	if len(args) == 1 && args[0] != "-" {
+		return os.ReadFile(args[0])
+	}
+	return io.ReadAll(cmd.InOrStdin())
+}
+
 func newUpdateCmd(opts *clientOpts) *cobra.Command {
 	var l leaseFlags
 	var ifVersion int64
@@ -255,25 +254,15 @@ func newUpdateCmd(opts *clientOpts) *cobra.Command {
 		Short: "Stage new JSON state for a held key, read from FILE or stdin",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			var in io.Reader = cmd.InOrStdin()
-			if len(args) == 1 && args[0] != "-" {
-				f, err := os.Open(args[0])
-				if err != nil {
-					return err
-				}
-				defer f.Close()
-				in = f
-			}
-			doc, err := io.ReadAll(in)
+			doc, err := readInput(cmd, args)
 			if err != nil {
 				return err
 			}
-			c, err := opts.dial()
-			if err != nil {
-				return err
-			}
-			ctx, cancel := opts.context()
+			c, ctx, cancel, err := opts.open(cmd)
 			defer cancel()
+			if err != nil {
+				return err
+			}
 			var cond client.Conditions
 			if cmd.Flags().Changed("if-version") {
 				cond.IfVersion = &ifVersion
@@ -299,12 +288,11 @@ func newRemoveCmd(opts *clientOpts) *cobra.Command {
 		Short: "Stage the removal of a held key's state",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := opts.dial()
+			c, ctx, cancel, err := opts.open(cmd)
+			defer cancel()
 			if err != nil {
 				return err
 			}
-			ctx, cancel := opts.context()
-			defer cancel()
 			out, err := c.Remove(ctx, l.ref(opts.namespace), client.Conditions{})
 			if err != nil {
 				return err
@@ -331,12 +319,11 @@ leases are released. It prints an unset line for the lease variables, so that
 also ends the transaction in the shell and the next acquire starts a new one.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := opts.dial()
+			c, ctx, cancel, err := opts.open(cmd)
+			defer cancel()
 			if err != nil {
 				return err
 			}
-			ctx, cancel := opts.context()
-			defer cancel()
 			if _, err := c.Release(ctx, l.ref(opts.namespace), rollback); err != nil {
 				return err
 			}
@@ -361,12 +348,11 @@ func newDescribeCmd(opts *clientOpts) *cobra.Command {
 		Short: "Print a key's lease and state metadata",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			c, err := opts.dial()
+			c, ctx, cancel, err := opts.open(cmd)
+			defer cancel()
 			if err != nil {
 				return err
 			}
-			ctx, cancel := opts.context()
-			defer cancel()
 			describe := c.Describe
 			if stale {
 				describe = c.DescribeStale

@@ -94,7 +94,7 @@ func TestCrashSafety(t *testing.T) {
 // returns when every writer has stopped.
 func runWritersUntilKill(t *testing.T, srv *serverProc, logs []*writerLog, minAcks int, delay time.Duration) int {
 	t.Helper()
-	tr := &http.Transport{MaxIdleConnsPerHost: len(logs)}
+	tr := &http.Transport{MaxIdleConnsPerHost: len(logs), TLSClientConfig: srv.clientTLS()}
 	defer tr.CloseIdleConnections()
 	c, err := client.New(srv.url, client.WithRetry(0), client.WithHTTPClient(&http.Client{Transport: tr, Timeout: 10 * time.Second}))
 	if err != nil {
@@ -171,7 +171,7 @@ func writeOnce(t *testing.T, c *client.Client, w int, l *writerLog) bool {
 // any handed out before.
 func verifyAfterCrash(t *testing.T, srv *serverProc, logs []*writerLog) {
 	t.Helper()
-	c, err := client.New(srv.url)
+	c, err := client.New(srv.url, client.WithTLS(srv.clientTLS()))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,9 +2,9 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"math/rand"
-	"net/http"
 	"os"
 	"slices"
 	"strconv"
@@ -15,13 +15,13 @@ import (
 
 	"github.com/raftlockd/raftlockd/internal/testutil"
 	"github.com/raftlockd/raftlockd/internal/workload"
-	"github.com/raftlockd/raftlockd/wire"
 )
 
 // These tests run three `raftlockd server` processes on loopback that find
 // each other by gossip and bootstrap one cluster, the way an operator
-// starts them by hand, and then break the leader for real: SIGKILL and
-// restart, SIGSTOP and SIGCONT.
+// starts them by hand (with server bundles of one CA: API, Raft and gossip
+// run over TLS), and then break the leader for real: SIGKILL and restart,
+// SIGSTOP and SIGCONT.
 
 // faultSeedEnv repeats a run's random choices: set it to the seed the run
 // logged.
@@ -51,6 +51,7 @@ type procNode struct {
 type procCluster struct {
 	t     *testing.T
 	nodes []*procNode
+	tls   *tls.Config // a client bundle of the cluster's CA
 }
 
 // startProcCluster starts size servers that discover each other through
@@ -68,16 +69,26 @@ func startProcCluster(t *testing.T, size int) *procCluster {
 		gossip = append(gossip, g)
 		c.nodes = append(c.nodes, n)
 	}
+	var dirs []string
 	for _, n := range c.nodes {
 		n.args = append(n.args, "--join", strings.Join(gossip, ","))
+		dirs = append(dirs, n.dir)
 	}
+	shareCA(t, dirs...)
 	for i := range c.nodes {
 		c.start(i)
 	}
 	for i := range c.nodes {
 		c.waitReady(i, 30*time.Second)
 	}
+	c.tls = c.nodes[0].proc.clientTLS()
 	return c
+}
+
+// context carries the cluster's client TLS configuration to the workload
+// helpers.
+func (c *procCluster) context() context.Context {
+	return workload.WithTLS(context.Background(), c.tls)
 }
 
 // start (re)starts node i with its data dir and flags; it does not wait.
@@ -91,26 +102,13 @@ func (c *procCluster) start(i int) {
 func (c *procCluster) waitReady(i int, timeout time.Duration) {
 	c.t.Helper()
 	n := c.nodes[i]
-	hc := &http.Client{Timeout: time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
-	deadline := time.Now().Add(timeout)
-	for {
-		if n.proc.exited() {
-			c.t.Fatalf("%s exited before it was ready (%v); output:\n%s", n.id, n.proc.waitErr, n.proc.log.String())
-		}
-		if resp, err := hc.Get(n.proc.url + "/readyz"); err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == http.StatusOK && resp.Header.Get(wire.HeaderServedBy) == n.id {
-				return
-			}
-		}
-		if time.Now().After(deadline) {
-			c.t.Fatalf("%s not ready after %s", n.id, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
+	n.proc.nodeID = n.id
+	if err := n.proc.waitReady(n.dir, timeout); err != nil {
+		c.t.Fatal(err)
 	}
 }
 
-func (c *procCluster) url(i int) string { return "http://" + c.nodes[i].api }
+func (c *procCluster) url(i int) string { return c.nodes[i].proc.url }
 
 func (c *procCluster) endpoints() []string {
 	var out []string
@@ -158,7 +156,7 @@ func (c *procCluster) converge(ctx context.Context, writers []*workload.Writer) 
 
 func startLoad(t *testing.T, c *procCluster, seed int64, prefix string) *workload.Load {
 	t.Helper()
-	load, err := workload.Start(workload.Config{Endpoints: c.endpoints(), Writers: 6, Seed: seed, Prefix: prefix,
+	load, err := workload.Start(workload.Config{Endpoints: c.endpoints(), TLS: c.tls, Writers: 6, Seed: seed, Prefix: prefix,
 		TTL: 2 * time.Second, Block: 10 * time.Second, Retry: time.Second, RequestTimeout: 4 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -182,8 +180,8 @@ func TestFaultLeaderKilled(t *testing.T) {
 	t.Parallel()
 	seed := faultSeed(t)
 	rng := rand.New(rand.NewSource(seed))
-	ctx := context.Background()
 	c := startProcCluster(t, 3)
+	ctx := c.context()
 	load := startLoad(t, c, seed, "kill")
 
 	if err := load.WaitAcks(int64(20+rng.Intn(40)), 20*time.Second); err != nil {
@@ -240,8 +238,8 @@ func TestFaultLeaderPaused(t *testing.T) {
 	t.Parallel()
 	seed := faultSeed(t)
 	rng := rand.New(rand.NewSource(seed))
-	ctx := context.Background()
 	c := startProcCluster(t, 3)
+	ctx := c.context()
 	load := startLoad(t, c, seed, "pause")
 
 	if err := load.WaitAcks(int64(20+rng.Intn(40)), 20*time.Second); err != nil {
@@ -323,8 +321,8 @@ func TestFaultLeaderPaused(t *testing.T) {
 // is acknowledged again; the killed node is restarted between rounds.
 func TestFaultFailoverTime(t *testing.T) {
 	const rounds = 3
-	ctx := context.Background()
 	c := startProcCluster(t, 3)
+	ctx := c.context()
 	var times []time.Duration
 	for r := 0; r < rounds; r++ {
 		leader, err := workload.WaitLeader(ctx, c.endpoints(), 10*time.Second)
@@ -367,8 +365,8 @@ func TestFaultFailoverTime(t *testing.T) {
 // writes through them go on.
 func TestGracefulStopHandsLeadershipOver(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
 	c := startProcCluster(t, 3)
+	ctx := c.context()
 	leader, err := workload.WaitLeader(ctx, c.endpoints(), 10*time.Second)
 	if err != nil {
 		t.Fatal(err)

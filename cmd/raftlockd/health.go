@@ -2,35 +2,38 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 
+	"github.com/raftlockd/raftlockd/auth"
 	"github.com/raftlockd/raftlockd/wire"
 )
 
 const healthEnv = "RAFTLOCKD_HEALTH_"
 
 // defaultHealthServer is the node a health check probes when no --server
-// is given: the one this environment's RAFTLOCKD_LISTEN starts (as in the
-// container image, where the server and its health check share the
-// environment), reached over loopback when it listens on every interface;
-// otherwise the server's default address.
-func defaultHealthServer() string {
+// is given, with scheme: the one this environment's RAFTLOCKD_LISTEN
+// starts (as in the container image, where the server and its health
+// check share the environment), reached over loopback when it listens on
+// every interface; otherwise the server's default address.
+func defaultHealthServer(scheme string) string {
 	listen := os.Getenv("RAFTLOCKD_LISTEN")
 	if listen == "" {
-		return "http://127.0.0.1:9341"
+		return scheme + "://" + defaultAPIAddr
 	}
 	host, port, err := net.SplitHostPort(listen)
 	if err != nil {
-		return "http://" + listen
+		return scheme + "://" + listen
 	}
 	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
 		host = "127.0.0.1"
@@ -38,12 +41,26 @@ func defaultHealthServer() string {
 			host = "::1"
 		}
 	}
-	return "http://" + net.JoinHostPort(host, port)
+	return scheme + "://" + net.JoinHostPort(host, port)
+}
+
+// healthBundle is the bundle whose CA the health check verifies the
+// server with: --bundle, else the server's own as this environment
+// configures it (RAFTLOCKD_BUNDLE, else the data directory's tls folder);
+// none when this environment's server runs with mTLS disabled.
+func healthBundle(path string) (*auth.Bundle, error) {
+	if path == "" {
+		if off, _ := strconv.ParseBool(os.Getenv("RAFTLOCKD_DISABLE_MTLS")); off {
+			return nil, nil
+		}
+		path = os.Getenv("RAFTLOCKD_BUNDLE")
+	}
+	return findBundle(path, auth.ServerFile, auth.CAFile, auth.ClientFile, auth.TCClientFile)
 }
 
 func newHealthCmd() *cobra.Command {
-	var server string
-	var live bool
+	var server, bundle string
+	var live, insecure bool
 	var timeout time.Duration
 	cmd := &cobra.Command{
 		Use:   "health",
@@ -54,14 +71,33 @@ answers 200 and 1 otherwise, printing why, so that it can serve as a
 container health check in an image without a shell.
 
 Without --server it probes the address in RAFTLOCKD_LISTEN (loopback when
-that is 0.0.0.0 or [::]), else http://127.0.0.1:9341.`,
+that is 0.0.0.0 or [::]), else 127.0.0.1:9341: over https when it finds a
+bundle, over http when it finds none or RAFTLOCKD_DISABLE_MTLS is true.
+The probes need no certificate, but the server's is verified against the
+CA of a bundle: --bundle, else the one the server in the same environment
+uses (RAFTLOCKD_BUNDLE, else server.pem, ca.pem, client.pem or tcclient.pem
+in $RAFTLOCKD_DATA_DIR/tls or the default data directory's tls folder).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if server == "" {
-				server = defaultHealthServer()
+			b, err := healthBundle(bundle)
+			if err != nil {
+				return fmt.Errorf("health: %w", err)
 			}
-			if !strings.Contains(server, "://") {
-				server = "http://" + server
+			if server == "" {
+				server = defaultHealthServer(scheme(b != nil))
+			}
+			server = baseURL(server, b != nil)
+			tr := &http.Transport{DisableKeepAlives: true} // no proxy from the environment
+			if strings.HasPrefix(server, "https://") {
+				switch {
+				case insecure:
+					tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // asked for
+				case b == nil:
+					return fmt.Errorf("health: %w; or pass --insecure-skip-verify to probe without verifying the server",
+						errNoBundle(server, "--bundle, "+healthEnv+"BUNDLE, RAFTLOCKD_BUNDLE", auth.ServerFile, auth.CAFile))
+				default:
+					tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: b.Roots()}
+				}
 			}
 			path := "/readyz"
 			if live {
@@ -74,8 +110,7 @@ that is 0.0.0.0 or [::]), else http://127.0.0.1:9341.`,
 			if err != nil {
 				return fmt.Errorf("health: %w", err)
 			}
-			hc := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}} // no proxy from the environment
-			resp, err := hc.Do(req)
+			resp, err := (&http.Client{Transport: tr}).Do(req)
 			if err != nil {
 				return fmt.Errorf("health: %w", err)
 			}
@@ -90,7 +125,9 @@ that is 0.0.0.0 or [::]), else http://127.0.0.1:9341.`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&server, "server", "", "server URL (default: from RAFTLOCKD_LISTEN, else http://127.0.0.1:9341)")
+	f.StringVar(&server, "server", "", "server URL (default: from RAFTLOCKD_LISTEN, else 127.0.0.1:9341; https with a bundle)")
+	f.StringVar(&bundle, "bundle", "", "bundle whose CA the server's certificate is verified with (default: the server's, see above)")
+	f.BoolVar(&insecure, "insecure-skip-verify", false, "probe an https server without verifying its certificate")
 	f.BoolVar(&live, "live", false, "check liveness (/healthz) instead of readiness (/readyz)")
 	f.DurationVar(&timeout, "timeout", 2*time.Second, "give up after this long")
 	bindEnv(cmd, healthEnv)

@@ -2,12 +2,15 @@
 // runs a node (a self-bootstrapping single-node cluster by default),
 // `raftlockd client ...` drives leases and state from a shell, `raftlockd
 // snapshot`, `raftlockd cluster` and `raftlockd tc` are the operator's
-// commands, `raftlockd bench` measures a cluster, `raftlockd version` says
-// what was built. Every flag can also be set through an environment
-// variable named after it (RAFTLOCKD_<FLAG> for the server,
-// RAFTLOCKD_CLIENT_<FLAG> for client and operator commands), which is how
-// `eval "$(raftlockd client acquire ...)"` hands a lease to the commands
-// that follow.
+// commands, `raftlockd auth` issues, inspects and revokes certificate
+// bundles, `raftlockd health` probes a node for container health checks,
+// `raftlockd bench` measures a cluster, `raftlockd version` says what was
+// built. Client and operator commands present a bundle over mutual TLS; on
+// the server's machine they find its bundles without flags. Every flag can
+// also be set through an environment variable named after it
+// (RAFTLOCKD_<FLAG> for the server, RAFTLOCKD_CLIENT_<FLAG> for client and
+// operator commands), which is how `eval "$(raftlockd client acquire ...)"`
+// hands a lease to the commands that follow.
 package main
 
 import (
@@ -53,13 +56,13 @@ func newRoot() *cobra.Command {
 		SilenceUsage:  true,
 		SilenceErrors: true,
 	}
-	root.AddCommand(newServerCmd(), newClientCmd(), newSnapshotCmd(), newClusterCmd(), newTCCmd(), newBenchCmd(), &cobra.Command{
+	root.AddCommand(newServerCmd(), newClientCmd(), newSnapshotCmd(), newClusterCmd(), newTCCmd(), newTxnCmd(), newBenchCmd(), &cobra.Command{
 		Use:   "version",
 		Short: "Print the version",
 		Args:  cobra.NoArgs,
 		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), "raftlockd", buildVersion()) },
 	})
-	root.AddCommand(newHealthCmd())
+	root.AddCommand(newHealthCmd(), newAuthCmd())
 	return root
 }
 
@@ -68,19 +71,34 @@ func envName(prefix, flag string) string {
 	return prefix + strings.ToUpper(strings.ReplaceAll(flag, "-", "_"))
 }
 
+// envAnnotation names, on a flag, the environment variable that stands in
+// for it when that is not the one its command's prefix gives.
+const envAnnotation = "raftlockd_env"
+
+// flagEnv is the environment variable of flag f under prefix.
+func flagEnv(prefix string, f *pflag.Flag) string {
+	if v := f.Annotations[envAnnotation]; len(v) == 1 {
+		return v[0]
+	}
+	return envName(prefix, f.Name)
+}
+
+// annotateEnv names, in the help of every flag of fs, the environment
+// variable that stands in for it.
+func annotateEnv(fs *pflag.FlagSet, prefix string) {
+	fs.VisitAll(func(f *pflag.Flag) {
+		if !strings.Contains(f.Usage, "(env ") {
+			f.Usage += fmt.Sprintf(" (env %s)", flagEnv(prefix, f))
+		}
+	})
+}
+
 // bindEnv documents the environment variable of every flag of cmd (and its
 // persistent parents) and, before cmd runs, fills each flag the command
 // line left unset from its variable.
 func bindEnv(cmd *cobra.Command, prefix string) {
-	annotate := func(fs *pflag.FlagSet) {
-		fs.VisitAll(func(f *pflag.Flag) {
-			if !strings.Contains(f.Usage, "(env ") {
-				f.Usage += fmt.Sprintf(" (env %s)", envName(prefix, f.Name))
-			}
-		})
-	}
-	annotate(cmd.Flags())
-	annotate(cmd.PersistentFlags())
+	annotateEnv(cmd.Flags(), prefix)
+	annotateEnv(cmd.PersistentFlags(), prefix)
 	prev := cmd.PreRunE
 	cmd.PreRunE = func(c *cobra.Command, args []string) error {
 		var errs []error
@@ -88,9 +106,9 @@ func bindEnv(cmd *cobra.Command, prefix string) {
 			if f.Changed {
 				return
 			}
-			if v, ok := os.LookupEnv(envName(prefix, f.Name)); ok {
+			if v, ok := os.LookupEnv(flagEnv(prefix, f)); ok {
 				if err := c.Flags().Set(f.Name, v); err != nil {
-					errs = append(errs, fmt.Errorf("%s: %w", envName(prefix, f.Name), err))
+					errs = append(errs, fmt.Errorf("%s: %w", flagEnv(prefix, f), err))
 				}
 			}
 		})

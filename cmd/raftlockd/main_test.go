@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"os"
 	"testing"
 
@@ -8,7 +9,13 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	var err error
+	if dataHome, err = os.MkdirTemp("", "raftlockd-cli-test-"); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
 	code := m.Run()
 	testutil.RemoveBinary()
+	os.RemoveAll(dataHome)
 	os.Exit(code)
 }

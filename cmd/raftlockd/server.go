@@ -22,7 +22,15 @@ func newServerCmd() *cobra.Command {
 		Use:   "server",
 		Short: "Run a raftlockd node (a single-node cluster by default)",
 		Long: `Run a raftlockd node. With no flags it starts a single-node cluster that
-bootstraps itself in the default data directory and resumes from it on restart.`,
+bootstraps itself in the default data directory and resumes from it on restart.
+
+The API, Raft and gossip are served over mutual TLS. On first start the
+single-node default creates a CA with a server, a client and a TC client
+bundle in <data-dir>/tls; client commands on this machine find them without
+flags. The nodes of a larger cluster need server bundles of one CA
+(raftlockd auth new cluster --dir DIR --host NODE ...), given with --bundle.
+SIGHUP reloads the bundle: replace its file to rotate certificates without a
+restart. --disable-mtls serves plain HTTP to anyone (development only).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if len(cfg.Join) > 0 && !cmd.Flags().Changed("bootstrap-expect") {
@@ -32,23 +40,39 @@ bootstraps itself in the default data directory and resumes from it on restart.`
 			if err != nil {
 				return err
 			}
+			// Signals are taken before the node starts: one that arrives
+			// while it starts is handled once it serves.
+			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			// SIGHUP reloads the TLS bundle (certificate rotation).
+			hup := make(chan os.Signal, 1)
+			signal.Notify(hup, syscall.SIGHUP)
+			defer signal.Stop(hup)
 			srv, err := server.Start(cfg, log)
 			if err != nil {
 				return err
 			}
-			ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-			defer stop()
-			sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			select {
-			case <-ctx.Done():
-				log.Info("shutting down")
-				// A leader stopped on purpose hands over first: the
-				// cluster goes on without waiting for an election.
-				srv.Node().HandOff(sctx)
-			case <-srv.Done(): // it left the cluster and closed itself
+			for {
+				select {
+				case <-hup:
+					if err := srv.Reload(); err != nil {
+						log.Error("reload failed; still using the previous bundle", "error", err)
+					}
+					continue
+				case <-ctx.Done():
+					log.Info("shutting down")
+					sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					defer cancel()
+					// A leader stopped on purpose hands over first: the
+					// cluster goes on without waiting for an election.
+					srv.Node().HandOff(sctx)
+					return srv.Close(sctx)
+				case <-srv.Done(): // it left the cluster and closed itself
+					sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					defer cancel()
+					return srv.Close(sctx)
+				}
 			}
-			return srv.Close(sctx)
 		},
 	}
 	f := cmd.Flags()
@@ -57,22 +81,39 @@ bootstraps itself in the default data directory and resumes from it on restart.`
 	f.StringVar(&cfg.Listen, "listen", cfg.Listen, "HTTP API address")
 	f.StringVar(&cfg.RaftListen, "raft-listen", cfg.RaftListen, "Raft transport address")
 	f.StringVar(&cfg.RaftAdvertise, "raft-advertise", "", "Raft address peers dial (default: --raft-listen)")
-	f.StringVar(&cfg.APIAdvertise, "api-advertise", "", "API endpoint peers send clients to (default: http://<listen>)")
+	f.StringVar(&cfg.APIAdvertise, "api-advertise", "", "API endpoint peers send clients to (default: https://<listen>, http:// with --disable-mtls)")
 	f.StringVar(&cfg.GossipListen, "gossip-listen", cfg.GossipListen, "gossip address (UDP and TCP) for discovery")
 	f.StringVar(&cfg.GossipAdvertise, "gossip-advertise", "", "gossip address peers reach (default: --gossip-listen)")
 	f.StringSliceVar(&cfg.Join, "join", nil, "gossip addresses of cluster members to join (host:port,...)")
 	f.IntVar(&cfg.BootstrapExpect, "bootstrap-expect", cfg.BootstrapExpect, "servers that must see each other before a new cluster starts (default 1, or 0 with --join: only join)")
 	f.StringVar(&cfg.ClusterName, "cluster-name", cfg.ClusterName, "gossip label; nodes of other clusters are ignored")
 	f.DurationVar(&cfg.DeadServerTimeout, "dead-server-timeout", cfg.DeadServerTimeout, "how long a server must stay dead before the leader removes it from the voters")
-	f.IntVar(&cfg.MinQuorum, "min-quorum", 0, "fewest voters dead-server cleanup may leave (default: a majority of --bootstrap-expect)")
+	f.IntVar(&cfg.MinQuorum, "min-quorum", 0, "fewest voters dead-server cleanup may leave (default: a majority of the most voters the cluster has had alive, recorded in its replicated state)")
 	f.StringVar(&cfg.GossipProfile, "gossip-profile", cfg.GossipProfile, "gossip timing: lan, or fast for loopback clusters")
 	f.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiler (net/http/pprof) under /debug/pprof/ on the API address")
-	f.BoolVar(&cfg.DisableMTLS, "disable-mtls", false, "serve plain HTTP (mTLS is not available yet; plain HTTP is the only mode)")
+	f.BoolVar(&cfg.DisableMTLS, "disable-mtls", false, "serve plain HTTP to anyone and run Raft and gossip unencrypted (development only; warned about at every start)")
+	f.StringVar(&cfg.Bundle, "bundle", "", "the node's server bundle (PEM: certificate, key, CA, gossip key); default <data-dir>/tls/server.pem, created with a new CA by the single-node default; SIGHUP reloads it")
+	f.BoolVar(&cfg.TCDisableAuth, "tc-disable-auth", false, "accept coordinator and resource-manager requests (/v1/txn/*, /v1/tc/*) without a certificate")
 	f.DurationVar(&cfg.DefaultTTL, "default-ttl", cfg.DefaultTTL, "lease TTL when a request names none")
 	f.DurationVar(&cfg.MaxTTL, "max-ttl", cfg.MaxTTL, "longest TTL a lease may ask for")
 	f.DurationVar(&cfg.AcquireBlock, "acquire-block", cfg.AcquireBlock, "longest an acquire waits for a held lease (block_seconds=0 waits this long)")
 	f.Int64Var(&cfg.MaxStateBytes, "max-state-bytes", cfg.MaxStateBytes, "largest JSON state document accepted")
-	f.DurationVar(&cfg.TxnRetention, "txn-retention", cfg.TxnRetention, "how long final transaction decisions are kept to answer retries")
+	f.DurationVar(&cfg.QueueVisibility, "queue-visibility", cfg.QueueVisibility, "how long a delivered message stays leased when neither enqueue nor dequeue names a visibility timeout")
+	f.IntVar(&cfg.QueueMaxAttempts, "queue-max-attempts", cfg.QueueMaxAttempts, "failed deliveries before a message moves to the dead-letter queue <queue>.dlq, when the enqueue names none")
+	f.Int64Var(&cfg.MaxPayloadBytes, "max-payload-bytes", cfg.MaxPayloadBytes, "largest queue message payload accepted")
+	f.IntVar(&cfg.UTXOBatchSize, "utxo-batch-size", cfg.UTXOBatchSize, "outputs per UTXO record; a transaction with more is stored as several records")
+	f.IntVar(&cfg.MaxEntryBytes, "max-entry-bytes", cfg.MaxEntryBytes, "largest Raft entry a UTXO command may encode to (at least 44 bytes per output of a batch plus 1 KiB)")
+	f.Int64Var(&cfg.MaxUTXORequestBytes, "max-utxo-request-bytes", cfg.MaxUTXORequestBytes, "largest body of a UTXO create or spend request")
+	f.DurationVar(&cfg.TxnRetention, "tc-decision-retention", cfg.TxnRetention, "how long final transaction decisions are kept to answer retries and late replays")
+	f.DurationVar(&cfg.TxnRetention, "txn-retention", cfg.TxnRetention, "")
+	_ = f.MarkDeprecated("txn-retention", "use --tc-decision-retention")
+	f.StringSliceVar(&cfg.TCPeers, "tc-peer", nil, "API endpoints of other islands (raftlockd clusters) to register this island with")
+	f.DurationVar(&cfg.TCFanoutTimeout, "tc-fanout-timeout", cfg.TCFanoutTimeout, "one attempt to reach another island's resource manager")
+	f.IntVar(&cfg.TCFanoutAttempts, "tc-fanout-attempts", cfg.TCFanoutAttempts, "attempts per island before a decision answers txn_fanout_failed (the leader keeps replaying it)")
+	f.DurationVar(&cfg.TCFanoutBaseDelay, "tc-fanout-base-delay", cfg.TCFanoutBaseDelay, "first delay between attempts (exponential, with jitter)")
+	f.DurationVar(&cfg.TCFanoutMaxDelay, "tc-fanout-max-delay", cfg.TCFanoutMaxDelay, "longest delay between attempts")
+	f.Float64Var(&cfg.TCFanoutMultiplier, "tc-fanout-multiplier", cfg.TCFanoutMultiplier, "growth factor of the delay between attempts")
+	f.DurationVar(&cfg.TCPendingTTL, "tc-pending-ttl", cfg.TCPendingTTL, "how long a pending decision lasts when the request names no expiry; then it is rolled back")
 	f.DurationVar(&cfg.LeaderWait, "leader-wait", cfg.LeaderWait, "how long a request waits for a leader before answering 503")
 	f.DurationVar(&cfg.HeartbeatTimeout, "raft-heartbeat-timeout", cfg.HeartbeatTimeout, "Raft heartbeat timeout")
 	f.DurationVar(&cfg.ElectionTimeout, "raft-election-timeout", cfg.ElectionTimeout, "Raft election timeout")

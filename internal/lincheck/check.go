@@ -20,6 +20,10 @@ type Result struct {
 	Checked    int           // operations in the porcupine history
 	Skipped    int           // operations left out of it (no information)
 	Elapsed    time.Duration // porcupine's time
+	// Failed: porcupine found the history illegal, a check outside it
+	// found a violation, or porcupine timed out on a small history (see
+	// CheckOptions.SmallHistory).
+	Failed bool
 	// Visualization is the porcupine HTML of a failing history and
 	// HistoryFile the recorded operations as JSON, when written.
 	Visualization string
@@ -33,12 +37,19 @@ func (r Result) OK() bool { return r.Porcupine != porcupine.Illegal && len(r.Vio
 // CheckOptions tune Check.
 type CheckOptions struct {
 	Timeout time.Duration // porcupine's budget; 0: none
+	// SmallHistory: a porcupine timeout (Unknown) on a history of at most
+	// this many operations is a failure; on a larger one it is not.
+	SmallHistory int
 	// OutDir receives the visualization and the history when the check
-	// fails (or when Always is set); empty: nothing is written.
+	// fails (Result.Failed) or when Always is set; empty: nothing is
+	// written.
 	OutDir string
 	Name   string // file name prefix
 	Always bool
 }
+
+// checkOperations is porcupine's check (a variable for the tests).
+var checkOperations = porcupine.CheckOperationsTimeout
 
 // Check verifies a history: porcupine against Model, then the token and
 // exclusivity checks.
@@ -56,9 +67,10 @@ func Check(ops []Op, events []Event, o CheckOptions) Result {
 	}
 	model := Model()
 	start := time.Now()
-	res.Porcupine = porcupine.CheckOperationsTimeout(model, history, o.Timeout)
+	res.Porcupine = checkOperations(model, history, o.Timeout)
 	res.Elapsed = time.Since(start)
-	if o.OutDir == "" || (res.OK() && !o.Always) {
+	res.Failed = !res.OK() || res.Porcupine == porcupine.Unknown && res.Checked <= o.SmallHistory
+	if o.OutDir == "" || (!res.Failed && !o.Always) {
 		return res
 	}
 	_ = os.MkdirAll(o.OutDir, 0o755)

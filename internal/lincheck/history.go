@@ -224,7 +224,7 @@ func unexpected(kind Kind, a attempt) bool {
 		return false
 	case "waiting":
 		return kind != KindAcquire
-	case "lease_required", "lease_expired":
+	case "lease_required", "lease_expired", "lease_mismatch", "txn_rolled_back":
 		return kind == KindAcquire || kind == KindPublicGet
 	}
 	return true

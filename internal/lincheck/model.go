@@ -133,8 +133,15 @@ type State struct {
 }
 
 // A failure code the model accepts from a lease operation when the lease no
-// longer holds the key or may have expired.
-func leaseGone(code string) bool { return code == "lease_required" || code == "lease_expired" }
+// longer holds the key or may have expired (a release asking to commit after
+// the expiry rolled the transaction back answers txn_rolled_back).
+func leaseGone(code string) bool {
+	switch code {
+	case "lease_required", "lease_expired", "lease_mismatch", "txn_rolled_back":
+		return true
+	}
+	return false
+}
 
 // notReached are definite failures of requests that never reached a leader.
 func notReached(code string) bool {

@@ -192,7 +192,7 @@ func TestCheckWritesVisualization(t *testing.T) {
 	h.get(1, "", docOut("never", 9), 5000, 5010)
 	dir := t.TempDir()
 	res := Check(h.ops, []Event{{At: 100 * ms, Desc: "isolate leader n1"}}, CheckOptions{Timeout: 10 * time.Second, OutDir: dir, Name: "broken"})
-	if res.OK() || res.Porcupine != porcupine.Illegal {
+	if res.OK() || !res.Failed || res.Porcupine != porcupine.Illegal {
 		t.Fatalf("broken history passed: %+v", res)
 	}
 	for _, f := range []string{res.Visualization, res.HistoryFile} {
@@ -200,8 +200,34 @@ func TestCheckWritesVisualization(t *testing.T) {
 			t.Fatalf("missing output %q: %v", f, err)
 		}
 	}
-	if res := Check(validHistory().ops, nil, CheckOptions{Timeout: 10 * time.Second, OutDir: dir, Name: "valid"}); !res.OK() || res.Visualization != "" {
+	if res := Check(validHistory().ops, nil, CheckOptions{Timeout: 10 * time.Second, OutDir: dir, Name: "valid"}); !res.OK() || res.Failed || res.Visualization != "" {
 		t.Fatalf("valid history: %+v", res)
+	}
+}
+
+// A porcupine timeout is a failure on a small history and is saved like
+// any failure; on a large one it is neither.
+func TestCheckSavesTimedOutSmallHistory(t *testing.T) {
+	defer func(f func(porcupine.Model, []porcupine.Operation, time.Duration) porcupine.CheckResult) {
+		checkOperations = f
+	}(checkOperations)
+	checkOperations = func(porcupine.Model, []porcupine.Operation, time.Duration) porcupine.CheckResult {
+		return porcupine.Unknown
+	}
+	dir := t.TempDir()
+	h := validHistory()
+	res := Check(h.ops, nil, CheckOptions{Timeout: time.Second, SmallHistory: 400, OutDir: dir, Name: "small"})
+	if !res.Failed || res.Porcupine != porcupine.Unknown {
+		t.Fatalf("timeout on a small history passed: %+v", res)
+	}
+	for _, f := range []string{res.Visualization, res.HistoryFile} {
+		if st, err := os.Stat(f); err != nil || st.Size() == 0 {
+			t.Fatalf("missing output %q: %v", f, err)
+		}
+	}
+	res = Check(h.ops, nil, CheckOptions{Timeout: time.Second, SmallHistory: res.Checked - 1, OutDir: dir, Name: "large"})
+	if res.Failed || res.Visualization != "" || res.HistoryFile != "" {
+		t.Fatalf("timeout on a large history: %+v", res)
 	}
 }
 

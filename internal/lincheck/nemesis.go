@@ -1,8 +1,8 @@
 package lincheck
 
 import (
-	"fmt"
 	"math/rand"
+	"strings"
 	"time"
 )
 
@@ -12,20 +12,32 @@ type Cluster interface {
 	Size() int
 	Name(i int) string
 	Leader() int // a node that leads, -1 when none is known
-	Stop(i int)  // shut the node down (its data dir is kept)
-	Start(i int) // start a stopped node again
+	Stop(i int)  // shut the node down gracefully (its data dir is kept)
+	// Crash kills the node at once: its peers and clients lose every
+	// connection to it without an answer or a goodbye, and it is torn down
+	// without closing its state file cleanly. With reboot its host goes
+	// down too, so its state file is rebuilt from the Raft snapshot and
+	// log on restart.
+	Crash(i int, reboot bool)
+	Start(i int) // start a stopped or crashed node again
+	// Freeze pauses the node as its peers and clients see a paused
+	// process: no bytes in or out on any of its connections, requests to
+	// it hang, until Thaw delivers whatever was held.
+	Freeze(i int)
+	Thaw(i int)
 	Partition(groups ...[]int)
 	Slow(i int, d time.Duration) // delay every link of node i
 	Heal()                       // restore every link, remove every delay
 }
 
-// Nemesis breaks a cluster on a random schedule drawn from Rand: it
-// isolates the leader, partitions a random minority off, stops (and later
-// restarts) the leader or another node, crash-restarts a node, slows a
-// node's links, and now and then splits every node from every other for a
-// moment. At most one such fault is active at a time, apart from the brief
-// full splits, so that a majority is available most of the time; a fault
-// lasts until a later step heals it.
+// Nemesis breaks a cluster on a random schedule drawn from Rand. Each fault
+// hits one node, or in clusters of five or more up to a minority of nodes
+// at once (the leader often among them): it partitions them off, freezes
+// them (a paused process), crashes them (now and then with their host, or
+// restarting them at once), stops them gracefully, or slows their links;
+// now and then it splits every node from every other for a moment. At most
+// one such fault is active at a time, so that a majority is available most
+// of the time; a fault lasts until a later step heals it.
 type Nemesis struct {
 	Cluster  Cluster
 	Rand     *rand.Rand
@@ -33,7 +45,8 @@ type Nemesis struct {
 	// Step bounds the pause between two steps (default 150-600ms).
 	MinStep, MaxStep time.Duration
 
-	stopped  map[int]bool
+	down     map[int]bool // stopped or crashed
+	frozen   map[int]bool
 	faulty   bool // a partition or delay is in place
 	noQuorum bool
 }
@@ -57,20 +70,28 @@ func (n *Nemesis) Run(d time.Duration) {
 	n.Recover()
 }
 
-func (n *Nemesis) broken() bool { return n.faulty || len(n.stopped) > 0 }
+func (n *Nemesis) broken() bool { return n.faulty || len(n.down) > 0 || len(n.frozen) > 0 }
 
-// Recover heals every link and starts every stopped node.
+// Recover thaws every node, heals every link and starts every stopped or
+// crashed node.
 func (n *Nemesis) Recover() {
+	for i := 0; i < n.Cluster.Size(); i++ {
+		if n.frozen[i] {
+			n.Cluster.Thaw(i)
+			n.Recorder.Note("thaw %s", n.Cluster.Name(i))
+			delete(n.frozen, i)
+		}
+	}
 	if n.faulty {
 		n.Cluster.Heal()
 		n.Recorder.Note("heal")
 		n.faulty, n.noQuorum = false, false
 	}
 	for i := 0; i < n.Cluster.Size(); i++ {
-		if n.stopped[i] {
+		if n.down[i] {
 			n.Cluster.Start(i)
 			n.Recorder.Note("start %s", n.Cluster.Name(i))
-			delete(n.stopped, i)
+			delete(n.down, i)
 		}
 	}
 }
@@ -82,44 +103,29 @@ func (n *Nemesis) step() {
 		}
 		return
 	}
-	if n.Rand.Float64() < 0.15 {
+	if n.Rand.Float64() < 0.12 {
 		return // a quiet spell
 	}
-	size := n.Cluster.Size()
-	target, what := n.Cluster.Leader(), "leader "
-	if target < 0 || n.Rand.Float64() < 0.4 {
-		target, what = n.Rand.Intn(size), ""
-	}
-	name := what + n.Cluster.Name(target)
+	targets, names := n.targets()
 	switch p := n.Rand.Float64(); {
-	case p < 0.30:
-		n.Cluster.Partition([]int{target}, n.others(target))
+	case p < 0.22:
+		n.Cluster.Partition(targets, n.rest(targets))
 		n.faulty = true
-		n.Recorder.Note("isolate %s", name)
-	case p < 0.42:
-		minority := n.minority()
-		n.Cluster.Partition(minority, n.rest(minority))
-		n.faulty = true
-		n.Recorder.Note("partition off %s", n.names(minority))
-	case p < 0.64:
-		n.Recorder.Note("stop %s", name)
-		n.Cluster.Stop(target)
-		if n.stopped == nil {
-			n.stopped = map[int]bool{}
+		n.Recorder.Note("partition off %s", strings.Join(names, ", "))
+	case p < 0.74:
+		for k, i := range targets {
+			n.nodeFault(i, names[k])
 		}
-		n.stopped[target] = true
-	case p < 0.76:
-		n.Recorder.Note("crash-restart %s", name)
-		n.Cluster.Stop(target)
-		n.Cluster.Start(target)
-	case p < 0.90:
-		d := time.Duration(30+n.Rand.Intn(170)) * time.Millisecond
-		n.Cluster.Slow(target, d)
+	case p < 0.88:
+		d := time.Duration(20+n.Rand.Intn(100)) * time.Millisecond
+		for _, i := range targets {
+			n.Cluster.Slow(i, d)
+		}
 		n.faulty = true
-		n.Recorder.Note("slow %s by %s", name, d)
+		n.Recorder.Note("slow %s by %s each way", strings.Join(names, ", "), d)
 	default:
 		var groups [][]int
-		for i := 0; i < size; i++ {
+		for i := 0; i < n.Cluster.Size(); i++ {
 			groups = append(groups, []int{i})
 		}
 		n.Cluster.Partition(groups...)
@@ -128,21 +134,70 @@ func (n *Nemesis) step() {
 	}
 }
 
-func (n *Nemesis) others(i int) []int {
+// targets picks the nodes of the next fault: one, or in clusters of five
+// or more up to a minority; the leader is the first of them more often
+// than not.
+func (n *Nemesis) targets() ([]int, []string) {
+	size := n.Cluster.Size()
+	k := 1
+	if f := (size - 1) / 2; f > 1 && n.Rand.Float64() < 0.5 {
+		k = 2 + n.Rand.Intn(f-1)
+	}
 	var out []int
-	for j := 0; j < n.Cluster.Size(); j++ {
-		if j != i {
-			out = append(out, j)
+	in := map[int]bool{}
+	leader := n.Cluster.Leader()
+	if leader >= 0 && n.Rand.Float64() < 0.6 {
+		out, in[leader] = append(out, leader), true
+	}
+	for _, i := range n.Rand.Perm(size) {
+		if len(out) == k {
+			break
+		}
+		if !in[i] {
+			out, in[i] = append(out, i), true
 		}
 	}
-	return out
+	names := make([]string, len(out))
+	for k, i := range out {
+		names[k] = n.Cluster.Name(i)
+		if i == leader {
+			names[k] = "leader " + names[k]
+		}
+	}
+	return out, names
 }
 
-// minority picks 1..(size-1)/2 random nodes.
-func (n *Nemesis) minority() []int {
-	size := n.Cluster.Size()
-	m := 1 + n.Rand.Intn(max(1, (size-1)/2))
-	return n.Rand.Perm(size)[:m]
+// nodeFault freezes, crashes or stops node i until a later step recovers
+// it; a crashed node is sometimes restarted at once.
+func (n *Nemesis) nodeFault(i int, name string) {
+	if n.down == nil {
+		n.down, n.frozen = map[int]bool{}, map[int]bool{}
+	}
+	switch p := n.Rand.Float64(); {
+	case p < 0.40:
+		n.Recorder.Note("freeze %s", name)
+		n.Cluster.Freeze(i)
+		n.frozen[i] = true
+	case p < 0.85:
+		reboot := n.Rand.Float64() < 0.25
+		what := "crash"
+		if reboot {
+			what = "power off"
+		}
+		if n.Rand.Float64() < 0.3 {
+			n.Recorder.Note("%s and restart %s", what, name)
+			n.Cluster.Crash(i, reboot)
+			n.Cluster.Start(i)
+			return
+		}
+		n.Recorder.Note("%s %s", what, name)
+		n.Cluster.Crash(i, reboot)
+		n.down[i] = true
+	default:
+		n.Recorder.Note("stop %s", name)
+		n.Cluster.Stop(i)
+		n.down[i] = true
+	}
 }
 
 func (n *Nemesis) rest(group []int) []int {
@@ -157,12 +212,4 @@ func (n *Nemesis) rest(group []int) []int {
 		}
 	}
 	return out
-}
-
-func (n *Nemesis) names(group []int) string {
-	var out []string
-	for _, i := range group {
-		out = append(out, n.Cluster.Name(i))
-	}
-	return fmt.Sprint(out)
 }

@@ -2,6 +2,7 @@ package lincheck
 
 import (
 	"context"
+	"crypto/tls"
 	"fmt"
 	"math/rand"
 	"net"
@@ -31,6 +32,12 @@ type Workload struct {
 	Expire float64
 	// Timeout bounds one HTTP exchange (an acquire gets Block on top).
 	Timeout time.Duration
+	// Dial connects the clients to the nodes (default: TCP with a one
+	// second timeout); a fault-injecting network goes here.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// TLS is what the clients present to the nodes and check them against
+	// (see auth.ClientConfig); nil for nodes that serve plain HTTP.
+	TLS *tls.Config
 }
 
 // Start launches the clients. They stop starting operations once stop is
@@ -43,8 +50,11 @@ func (w *Workload) Start(stop <-chan struct{}) (wait func()) {
 	if w.Think == 0 {
 		w.Think = 15 * time.Millisecond
 	}
-	tr := &http.Transport{MaxIdleConnsPerHost: 8, IdleConnTimeout: 5 * time.Second,
-		DialContext: (&net.Dialer{Timeout: time.Second}).DialContext}
+	dial := w.Dial
+	if dial == nil {
+		dial = (&net.Dialer{Timeout: time.Second}).DialContext
+	}
+	tr := &http.Transport{MaxIdleConnsPerHost: 8, IdleConnTimeout: 5 * time.Second, DialContext: dial, TLSClientConfig: w.TLS}
 	hc := &http.Client{Transport: tr}
 	seeds := rand.New(rand.NewSource(w.Seed))
 	var wg sync.WaitGroup
@@ -286,14 +296,16 @@ func (k *worker) release(rollback bool) {
 }
 
 // FinalReads reads every key's committed document once the cluster has
-// healed, through any node that answers, and records the reads as client
-// id's operations. They anchor the end of the history: every acknowledged
-// commit must be visible.
-func FinalReads(rec *Recorder, endpoints, names []string, keys []string, id int, within time.Duration) error {
-	tr := &http.Transport{DialContext: (&net.Dialer{Timeout: time.Second}).DialContext}
+// healed, through any node that answers (dialed directly, not through
+// Dial), and records the reads as the operations of one more client (id
+// Clients). They anchor the end of the history: every acknowledged commit
+// must be visible.
+func (w *Workload) FinalReads(within time.Duration) error {
+	rec, endpoints, names, id := w.Recorder, w.Endpoints, w.Names, w.Clients
+	tr := &http.Transport{DialContext: (&net.Dialer{Timeout: time.Second}).DialContext, TLSClientConfig: w.TLS}
 	defer tr.CloseIdleConnections()
 	deadline := time.Now().Add(within)
-	for _, key := range keys {
+	for _, key := range w.Keys {
 		for n := 0; ; n++ {
 			if time.Now().After(deadline) {
 				return fmt.Errorf("no node answered a public read of %s within %s", key, within)

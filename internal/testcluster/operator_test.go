@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"net/http"
 	"slices"
 	"testing"
 	"time"
@@ -56,7 +55,7 @@ func TestMembersShowEveryNodesOwnStatus(t *testing.T) {
 	l := c.WaitLeader(10 * time.Second)
 	f := others(c, l)[0]
 
-	m, err := c.Client(f).ClusterMembers(ctx)
+	m, err := c.Operator(f).ClusterMembers(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +78,7 @@ func TestMembersShowEveryNodesOwnStatus(t *testing.T) {
 		}
 	}
 
-	st, err := c.Client(f).ClusterStatus(ctx)
+	st, err := c.Operator(f).ClusterStatus(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +86,7 @@ func TestMembersShowEveryNodesOwnStatus(t *testing.T) {
 		st.LeaderEndpoint != c.URL(l) || st.Term == 0 {
 		t.Fatalf("status of %s: %+v", c.Nodes[f].Name, st)
 	}
-	resp, err := http.Get(c.URL(f) + "/v1/cluster/status")
+	resp, err := c.OperatorHTTPClient("operator").Get(c.URL(f) + "/v1/cluster/status")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -98,7 +97,7 @@ func TestMembersShowEveryNodesOwnStatus(t *testing.T) {
 
 	down := others(c, l, f)[0]
 	c.Stop(down)
-	m, err = c.Client(f).ClusterMembers(ctx)
+	m, err = c.Operator(f).ClusterMembers(ctx)
 	if err != nil {
 		t.Fatalf("members with %s down: %v", c.Nodes[down].Name, err)
 	}
@@ -118,7 +117,7 @@ func TestRemovePeer(t *testing.T) {
 	victim, via := others(c, l)[0], others(c, l)[1]
 	c.Stop(victim)
 
-	out, err := c.Client(via).RemovePeer(ctx, c.Nodes[victim].Name)
+	out, err := c.Operator(via).RemovePeer(ctx, c.Nodes[victim].Name)
 	if err != nil || !out.Removed {
 		t.Fatalf("remove-peer %s: %+v %v", c.Nodes[victim].Name, out, err)
 	}
@@ -133,7 +132,7 @@ func TestRemovePeer(t *testing.T) {
 	if got := voters(c.servers(l)); slices.Contains(got, c.Nodes[victim].Name) {
 		t.Fatalf("voters after remove-peer: %v", got)
 	}
-	m, err := c.Client(via).ClusterMembers(ctx)
+	m, err := c.Operator(via).ClusterMembers(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +141,7 @@ func TestRemovePeer(t *testing.T) {
 			t.Fatalf("removed server listed as %+v", mem)
 		}
 	}
-	if _, err := c.Client(via).RemovePeer(ctx, "no-such-node"); !errors.Is(err, errcode.NotFound) {
+	if _, err := c.Operator(via).RemovePeer(ctx, "no-such-node"); !errors.Is(err, errcode.NotFound) {
 		t.Fatalf("remove-peer of an unknown id: %v", err)
 	}
 	// Two voters still make a quorum.
@@ -158,7 +157,7 @@ func TestLeaveShrinksTheVoterSet(t *testing.T) {
 	names := []string{c.Nodes[0].Name, c.Nodes[1].Name, c.Nodes[2].Name}
 
 	leaving := c.Nodes[l].Server
-	out, err := c.Client(l).ClusterLeave(ctx)
+	out, err := c.Operator(l).ClusterLeave(ctx)
 	if err != nil || !out.Left || out.NodeID != names[l] {
 		t.Fatalf("leave of the leader: %+v %v", out, err)
 	}
@@ -184,7 +183,7 @@ func TestLeaveShrinksTheVoterSet(t *testing.T) {
 	// A follower leaves too: one voter remains, and it cannot leave.
 	f := others(c, next)[0]
 	leaving = c.Nodes[f].Server
-	if _, err := c.Client(f).ClusterLeave(ctx); err != nil {
+	if _, err := c.Operator(f).ClusterLeave(ctx); err != nil {
 		t.Fatal(err)
 	}
 	waitDone(t, leaving, names[f])
@@ -193,7 +192,7 @@ func TestLeaveShrinksTheVoterSet(t *testing.T) {
 		t.Fatalf("voters: %v", got)
 	}
 	c.WaitLeader(10 * time.Second)
-	if _, err := c.Client(next).ClusterLeave(ctx); !errors.Is(err, errcode.LastVoter) {
+	if _, err := c.Operator(next).ClusterLeave(ctx); !errors.Is(err, errcode.LastVoter) {
 		t.Fatalf("the last voter's leave: %v, want last_voter", err)
 	}
 	commit(t, acquire(t, c.RetryingClient(next), "alone", 30), `{"alone":true}`)
@@ -246,7 +245,7 @@ func TestTCLeaderListAnnounceLeave(t *testing.T) {
 	urls := []string{c.URL(0), c.URL(1), c.URL(2)}
 	slices.Sort(urls)
 	for i := range c.Nodes {
-		lead, err := c.Client(i).TCLeader(ctx)
+		lead, err := c.Operator(i).TCLeader(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -254,29 +253,29 @@ func TestTCLeaderListAnnounceLeave(t *testing.T) {
 			lead.ExpiresAt < time.Now().Unix() || lead.ExpiresAt > time.Now().Add(5*time.Second).Unix() {
 			t.Fatalf("tc leader from %s: %+v", c.Nodes[i].Name, lead)
 		}
-		list, err := c.Client(i).TCList(ctx)
+		list, err := c.Operator(i).TCList(ctx)
 		if err != nil || !slices.Equal(list.Endpoints, urls) || list.UpdatedAt == 0 {
 			t.Fatalf("tc list from %s: %+v %v, want %v", c.Nodes[i].Name, list, err, urls)
 		}
 	}
 	f, g := others(c, l)[0], others(c, l)[1]
-	ann, err := c.Client(l).TCAnnounce(ctx, c.URL(f))
+	ann, err := c.Operator(l).TCAnnounce(ctx, c.URL(f))
 	if err != nil || !slices.Equal(ann.Endpoints, urls) {
 		t.Fatalf("announce: %+v %v", ann, err)
 	}
 	if ttl := time.Until(time.Unix(ann.ExpiresAt, 0)); ttl < 25*time.Second || ttl > 32*time.Second {
 		t.Fatalf("membership expires in %s, want the dead-server timeout (30s)", ttl)
 	}
-	if _, err := c.Client(l).TCAnnounce(ctx, "http://127.0.0.1:1"); !errors.Is(err, errcode.NotFound) {
+	if _, err := c.Operator(l).TCAnnounce(ctx, "http://127.0.0.1:1"); !errors.Is(err, errcode.NotFound) {
 		t.Fatalf("announce of a stranger: %v", err)
 	}
-	if _, err := c.Client(l).TCAnnounce(ctx, "not a url"); !errors.Is(err, errcode.InvalidEndpoint) {
+	if _, err := c.Operator(l).TCAnnounce(ctx, "not a url"); !errors.Is(err, errcode.InvalidEndpoint) {
 		t.Fatalf("announce of a malformed endpoint: %v", err)
 	}
 
 	// Node f is asked (through g) to leave: it does, and shuts down.
 	leaving := c.Nodes[f].Server
-	left, err := c.Client(g).TCLeave(ctx, c.URL(f))
+	left, err := c.Operator(g).TCLeave(ctx, c.URL(f))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -288,7 +287,7 @@ func TestTCLeaderListAnnounceLeave(t *testing.T) {
 	want := []string{c.URL(l), c.URL(g)}
 	slices.Sort(want)
 	testutil.WaitFor(t, 10*time.Second, "the list to lose the departed node", func() bool {
-		list, err := c.Client(l).TCList(ctx)
+		list, err := c.Operator(l).TCList(ctx)
 		return err == nil && slices.Equal(list.Endpoints, want)
 	})
 	if got := voters(c.servers(l)); len(got) != 2 || slices.Contains(got, c.Nodes[f].Name) {
@@ -306,14 +305,14 @@ func TestRestoreReachesEveryNode(t *testing.T) {
 	commit(t, acquire(t, c.Client(l), "a", 30), `{"a":"backup"}`)
 
 	var backup bytes.Buffer
-	if _, err := c.Client(f).SaveSnapshot(ctx, &backup, nil); err != nil {
+	if _, err := c.Operator(f).SaveSnapshot(ctx, &backup, nil); err != nil {
 		t.Fatal(err)
 	}
 	commit(t, acquire(t, c.Client(l), "a", 30), `{"a":"later"}`)
 	last := acquire(t, c.Client(l), "b", 30)
 	commit(t, last, `{"b":"later"}`)
 
-	res, err := c.Client(f).RestoreSnapshot(ctx, bytes.NewReader(backup.Bytes()), int64(backup.Len()), nil)
+	res, err := c.Operator(f).RestoreSnapshot(ctx, bytes.NewReader(backup.Bytes()), int64(backup.Len()), nil)
 	if err != nil || !res.Restored {
 		t.Fatalf("restore through a follower: %+v %v", res, err)
 	}

@@ -17,7 +17,7 @@ func TestLaggingAndNewNodesCatchUpBySnapshot(t *testing.T) {
 		c.TrailingLogs = 16
 		c.SnapshotInterval = 200 * time.Millisecond
 	}
-	c := Start(t, 3, small)
+	c := Start(t, 3, Configure(small))
 	leader := c.Leader()
 	lagging := others(c, leader)[0]
 	c.Stop(lagging)
@@ -39,7 +39,7 @@ func TestLaggingAndNewNodesCatchUpBySnapshot(t *testing.T) {
 	}
 
 	// A new server joins the running cluster and catches up the same way.
-	added := c.Add(small)
+	added := c.Add(Configure(small))
 	waitFor(t, 20*time.Second, "the new server to become a voter with the snapshot", func() bool {
 		n := c.Nodes[added].Server.Node()
 		servers, err := c.Nodes[c.WaitLeader(5*time.Second)].Server.Node().Servers()

@@ -1,16 +1,22 @@
 // Package testcluster runs whole raftlockd nodes (HTTP API, Raft, gossip)
 // inside a test process, on loopback, joined into one cluster over a
-// faultnet fabric, so that tests can stop and restart nodes, partition
-// them, and check that the survivors converge.
+// faultnet fabric, so that tests can stop, crash, freeze and restart nodes,
+// partition them, and check that the survivors converge. The nodes talk
+// mutual TLS with server bundles of one CA, as a deployed cluster does.
 package testcluster
 
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"net"
+	"net/http"
+	"path/filepath"
 	"testing"
 	"time"
 
+	"github.com/raftlockd/raftlockd/auth"
 	"github.com/raftlockd/raftlockd/client"
 	"github.com/raftlockd/raftlockd/config"
 	"github.com/raftlockd/raftlockd/fsm"
@@ -24,6 +30,10 @@ type Cluster struct {
 	t      testing.TB
 	Fabric *faultnet.Fabric
 	Nodes  []*Node
+
+	ca       *auth.Bundle // nil: the nodes run with --disable-mtls
+	client   *auth.Bundle // a client certificate allowed every namespace
+	operator *auth.Bundle // a server certificate, as an operator holds it
 }
 
 // Node is one member; Server is nil while the node is stopped.
@@ -33,14 +43,51 @@ type Node struct {
 	Server *server.Server
 }
 
-// Option adjusts every node's configuration before start.
-type Option func(*config.Server)
+// Option adjusts a cluster before its nodes start.
+type Option func(*settings)
+
+type settings struct {
+	ca    *auth.Bundle
+	plain bool
+	nodes []func(*config.Server)
+}
+
+// Configure adjusts every node's configuration.
+func Configure(f func(*config.Server)) Option {
+	return func(s *settings) { s.nodes = append(s.nodes, f) }
+}
+
+// WithCA gives every node a server bundle of ca instead of the shared
+// test CA (testutil.CA): clusters of different CAs are islands that do
+// not trust each other until told to.
+func WithCA(ca *auth.Bundle) Option { return func(s *settings) { s.ca = ca } }
+
+// WithoutTLS runs the nodes with --disable-mtls: plain HTTP, Raft and
+// gossip.
+func WithoutTLS() Option { return func(s *settings) { s.plain = true } }
+
+func apply(opts []Option) settings {
+	var s settings
+	for _, o := range opts {
+		o(&s)
+	}
+	return s
+}
 
 // Start runs size nodes that bootstrap one cluster and waits until every
 // node is a voter and a leader serves. The nodes stop when the test ends.
 func Start(t testing.TB, size int, opts ...Option) *Cluster {
 	t.Helper()
+	set := apply(opts)
 	c := &Cluster{t: t, Fabric: faultnet.New()}
+	if !set.plain {
+		c.ca = set.ca
+		if c.ca == nil {
+			c.ca = testutil.CA(t)
+		}
+		c.client = testutil.ClientBundleOf(t, c.ca)
+		c.operator = testutil.OperatorBundle(t, c.ca)
+	}
 	var gossip []string
 	for i := 0; i < size; i++ {
 		cfg := testutil.Config(t, t.TempDir())
@@ -54,8 +101,9 @@ func Start(t testing.TB, size int, opts ...Option) *Cluster {
 	}
 	for _, n := range c.Nodes {
 		n.Config.Join = gossip
-		for _, o := range opts {
-			o(&n.Config)
+		c.secure(&n.Config)
+		for _, f := range set.nodes {
+			f(&n.Config)
 		}
 	}
 	t.Cleanup(c.StopAll)
@@ -64,7 +112,7 @@ func Start(t testing.TB, size int, opts ...Option) *Cluster {
 	}
 	// Every node must have replicated the island's first entries (the
 	// backend hash is set right after the first leader's term starts).
-	testutil.WaitFor(t, 20*time.Second, "all nodes to be voters under one leader", func() bool {
+	testutil.WaitFor(t, 30*time.Second, "all nodes to be voters under one leader", func() bool {
 		l := c.Leader()
 		if l < 0 {
 			return false
@@ -83,8 +131,26 @@ func Start(t testing.TB, size int, opts ...Option) *Cluster {
 	return c
 }
 
+// secure gives the node a server bundle of the cluster's CA, valid for
+// the address its API listens on, or turns mTLS off.
+func (c *Cluster) secure(cfg *config.Server) {
+	c.t.Helper()
+	if c.ca == nil {
+		cfg.DisableMTLS = true
+		return
+	}
+	host, _, err := net.SplitHostPort(cfg.Listen)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	cfg.Bundle = testutil.ServerBundle(c.t, cfg.DataDir, c.ca, host)
+}
+
+// CA is the cluster's CA; nil when the nodes run without TLS.
+func (c *Cluster) CA() *auth.Bundle { return c.ca }
+
 // Add starts one more server that joins the running cluster, and returns
-// its index.
+// its index. Options other than Configure are the cluster's and ignored.
 func (c *Cluster) Add(opts ...Option) int {
 	c.t.Helper()
 	cfg := testutil.Config(c.t, c.t.TempDir())
@@ -96,8 +162,9 @@ func (c *Cluster) Add(opts ...Option) int {
 	for _, n := range c.Nodes {
 		cfg.Join = append(cfg.Join, n.Config.GossipListen)
 	}
-	for _, o := range opts {
-		o(&cfg)
+	c.secure(&cfg)
+	for _, f := range apply(opts).nodes {
+		f(&cfg)
 	}
 	c.Nodes = append(c.Nodes, &Node{Name: cfg.NodeID, Config: cfg})
 	c.Start(len(c.Nodes) - 1)
@@ -111,6 +178,9 @@ func (c *Cluster) Start(i int) {
 	if n.Server != nil {
 		return
 	}
+	// Clients that dial through the fabric (Client, HTTPClient) are
+	// subject to the node's freezes and crashes.
+	c.Fabric.Register(n.Config.Listen, n.Name)
 	srv, err := server.Start(n.Config, testutil.Logger(c.t),
 		server.WithNetwork(c.Fabric.Network(n.Name)), server.WithGossipHook(c.Fabric.Gossip(n.Name, nil)))
 	if err != nil {
@@ -131,8 +201,47 @@ func (c *Cluster) Stop(i int) {
 	n.Server = nil
 }
 
-// StopAll shuts every node down.
+// Crash kills node i as a crashed process dies: its peers and clients
+// lose every connection to it at once (no answers to requests in flight,
+// no draining, no leadership hand-off, no goodbye on gossip), dials to it
+// are refused, and its parts are torn down without the clean-close marker
+// on the state file. Start restarts it from its data directory.
+func (c *Cluster) Crash(i int) { c.crash(i, false) }
+
+// PowerOff crashes node i as Crash does and its host with it: on restart
+// the state file (written without fsync) is not trusted and is rebuilt
+// from the Raft snapshot and log, which were synced.
+func (c *Cluster) PowerOff(i int) { c.crash(i, true) }
+
+func (c *Cluster) crash(i int, rebooted bool) {
+	n := c.Nodes[i]
+	if n.Server == nil {
+		return
+	}
+	c.Fabric.Kill(n.Name)
+	_ = n.Server.Crash()
+	n.Server = nil
+	if err := fsm.MarkCrashed(filepath.Join(n.Config.DataDir, "state.db"), rebooted); err != nil {
+		c.t.Errorf("crash %s: %v", n.Name, err)
+	}
+	c.Fabric.Revive(n.Name)
+}
+
+// Freeze pauses node i as far as everyone else can tell (see
+// faultnet.Fabric.Freeze): nothing it sends arrives and nothing sent to it
+// is read, including requests of clients that dial through the fabric,
+// until Thaw.
+func (c *Cluster) Freeze(i int) { c.Fabric.Freeze(c.Nodes[i].Name) }
+
+// Thaw ends node i's freeze; whatever was held is delivered.
+func (c *Cluster) Thaw(i int) { c.Fabric.Thaw(c.Nodes[i].Name) }
+
+// StopAll heals every link, thaws every node and shuts every node down.
 func (c *Cluster) StopAll() {
+	c.Fabric.Heal()
+	for _, n := range c.Nodes {
+		c.Fabric.Thaw(n.Name)
+	}
 	for i := range c.Nodes {
 		c.Stop(i)
 	}
@@ -170,19 +279,42 @@ func (c *Cluster) WaitLeader(timeout time.Duration) int {
 // URL is node i's API endpoint.
 func (c *Cluster) URL(i int) string { return c.Nodes[i].Server.URL() }
 
-// Client returns a client for node i that does not retry by itself.
-func (c *Cluster) Client(i int) *client.Client {
-	cl, err := client.New(c.URL(i), client.WithRetry(0))
-	if err != nil {
-		c.t.Fatal(err)
+// HTTPClient returns an HTTP client, named name on the fabric, that dials
+// the nodes through the fabric, presents a client certificate of the
+// cluster's CA allowed every namespace and trusts that CA.
+func (c *Cluster) HTTPClient(name string) *http.Client { return c.httpClient(name, c.client) }
+
+// OperatorHTTPClient is HTTPClient presenting a server certificate of the
+// cluster's CA, as an operator on a node does: it may call the
+// administrative endpoints too.
+func (c *Cluster) OperatorHTTPClient(name string) *http.Client { return c.httpClient(name, c.operator) }
+
+func (c *Cluster) httpClient(name string, b *auth.Bundle) *http.Client {
+	t := &http.Transport{DialContext: c.Fabric.Dialer(name), MaxIdleConnsPerHost: 256,
+		IdleConnTimeout: 90 * time.Second, ExpectContinueTimeout: time.Second}
+	if b != nil {
+		t.TLSClientConfig = auth.ClientConfig(b)
 	}
-	return cl
+	return &http.Client{Transport: t}
 }
+
+// Client returns a client for node i that does not retry by itself.
+func (c *Cluster) Client(i int) *client.Client { return c.sdk(i, 0, c.HTTPClient("client")) }
 
 // RetryingClient returns a client for node i that retries while the cluster
 // has no leader, as applications do.
 func (c *Cluster) RetryingClient(i int) *client.Client {
-	cl, err := client.New(c.URL(i), client.WithRetry(15*time.Second))
+	return c.sdk(i, 15*time.Second, c.HTTPClient("client"))
+}
+
+// Operator returns a client for node i that presents a server certificate
+// (see OperatorHTTPClient) and does not retry by itself.
+func (c *Cluster) Operator(i int) *client.Client {
+	return c.sdk(i, 0, c.OperatorHTTPClient("operator"))
+}
+
+func (c *Cluster) sdk(i int, retry time.Duration, h *http.Client) *client.Client {
+	cl, err := client.New(c.URL(i), client.WithRetry(retry), client.WithHTTPClient(h))
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -222,6 +354,13 @@ func (c *Cluster) Hash(i int) (uint64, []byte) {
 // and holds byte-identical state.
 func (c *Cluster) WaitConverged(timeout time.Duration) {
 	c.t.Helper()
+	if err := c.Converged(timeout); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// Converged is WaitConverged reporting failure as an error.
+func (c *Cluster) Converged(timeout time.Duration) error {
 	var detail string
 	ok := func() bool {
 		run := c.Running()
@@ -238,8 +377,9 @@ func (c *Cluster) WaitConverged(timeout time.Duration) {
 	deadline := time.Now().Add(timeout)
 	for !ok() {
 		if time.Now().After(deadline) {
-			c.t.Fatalf("nodes did not converge within %s: %s", timeout, detail)
+			return errors.New("nodes did not converge within " + timeout.String() + ": " + detail)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+	return nil
 }

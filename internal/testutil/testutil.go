@@ -22,11 +22,13 @@ import (
 	"github.com/raftlockd/raftlockd/server"
 )
 
-// Config returns a single-node configuration on free loopback ports in dir.
+// Config returns a single-node configuration on free loopback ports in dir,
+// serving mTLS with a server bundle of the shared test CA (see CA).
 func Config(t testing.TB, dir string) config.Server {
 	t.Helper()
 	cfg := config.Default()
 	cfg.DataDir = dir
+	cfg.Bundle = ServerBundle(t, dir, nil)
 	cfg.Listen = "127.0.0.1:0"
 	cfg.RaftListen = "127.0.0.1:0"
 	cfg.GossipListen = "127.0.0.1:0"

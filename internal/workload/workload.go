@@ -10,6 +10,7 @@ package workload
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,9 +29,13 @@ import (
 
 // Config shapes a load.
 type Config struct {
-	// Endpoints are the API base URLs (http://host:port) of the nodes.
+	// Endpoints are the API base URLs (https://host:port, or http:// with
+	// mTLS disabled) of the nodes.
 	Endpoints []string
-	Writers   int
+	// TLS is what the writers dial https endpoints with: the client
+	// certificate to present and the CA to check the nodes with.
+	TLS     *tls.Config
+	Writers int
 	// Seed picks the first writer's endpoint; the others follow in turn.
 	Seed int64
 	// Prefix starts every key the load writes (default "wl").
@@ -122,7 +127,7 @@ func Start(cfg Config) (*Load, error) {
 	}
 	l := &Load{cfg: cfg}
 	for _, ep := range cfg.Endpoints {
-		tr := &http.Transport{MaxIdleConnsPerHost: cfg.Writers}
+		tr := &http.Transport{MaxIdleConnsPerHost: cfg.Writers, TLSClientConfig: cfg.TLS}
 		c, err := client.New(ep, client.WithRetry(cfg.Retry),
 			client.WithHTTPClient(&http.Client{Transport: tr, Timeout: cfg.RequestTimeout}))
 		if err != nil {
@@ -305,6 +310,21 @@ func Summary(writers []*Writer) string {
 		len(writers), acked, attempted, failed, errs)
 }
 
+type tlsKey struct{}
+
+// WithTLS makes the calls made with ctx (Verify, Metrics, Leaders,
+// WaitLeader, WaitConverged, ProbeWrite) dial https endpoints with cfg, as
+// Config.TLS does for the writers.
+func WithTLS(ctx context.Context, cfg *tls.Config) context.Context {
+	return context.WithValue(ctx, tlsKey{}, cfg)
+}
+
+// transport is a transport dialing with the TLS configuration of ctx.
+func transport(ctx context.Context) *http.Transport {
+	cfg, _ := ctx.Value(tlsKey{}).(*tls.Config)
+	return &http.Transport{TLSClientConfig: cfg}
+}
+
 // Verify reads every key the writers touched through every endpoint and
 // checks that each acknowledged commit is there, that nothing appears that
 // was never written or contradicts the commits' order, and that all
@@ -343,7 +363,7 @@ func Verify(ctx context.Context, endpoints []string, writers []*Writer) error {
 }
 
 func verifyOne(ctx context.Context, endpoint string, writers []*Writer, rolling map[int]string) []error {
-	tr := &http.Transport{}
+	tr := transport(ctx)
 	defer tr.CloseIdleConnections()
 	c, err := client.New(endpoint, client.WithRetry(5*time.Second), client.WithHTTPClient(&http.Client{Transport: tr,
 		Timeout: 10 * time.Second}))
@@ -413,7 +433,9 @@ func Metrics(ctx context.Context, endpoint string) (map[string]float64, error) {
 	if err != nil {
 		return nil, err
 	}
-	resp, err := (&http.Client{Transport: &http.Transport{DisableKeepAlives: true}}).Do(req)
+	tr := transport(ctx)
+	tr.DisableKeepAlives = true
+	resp, err := (&http.Client{Transport: tr}).Do(req)
 	if err != nil {
 		return nil, err
 	}
@@ -528,7 +550,7 @@ func WaitConverged(ctx context.Context, endpoints []string, timeout time.Duratio
 // after a leader was killed, it measures when the cluster accepts writes
 // again through a surviving node.
 func ProbeWrite(ctx context.Context, endpoint, prefix string, since time.Time, timeout time.Duration) (time.Duration, error) {
-	tr := &http.Transport{}
+	tr := transport(ctx)
 	defer tr.CloseIdleConnections()
 	c, err := client.New(endpoint, client.WithRetry(0), client.WithHTTPClient(&http.Client{Transport: tr, Timeout: 5 * time.Second}))
 	if err != nil {

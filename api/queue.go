@@ -1,0 +1,588 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"net/textproto"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/fsm"
+	"github.com/raftlockd/raftlockd/rm"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// Queues is the queue service the /v1/queue/... handlers call.
+type Queues interface {
+	Enqueue(ctx context.Context, p rm.EnqueueParams) (*fsm.MessageInfo, error)
+	Dequeue(ctx context.Context, p rm.DequeueParams) (*rm.Delivery, error)
+	Ack(ctx context.Context, ref rm.MessageRef) error
+	Nack(ctx context.Context, ref rm.MessageRef, p rm.NackParams) (*fsm.QueueResult, error)
+	Extend(ctx context.Context, ref rm.MessageRef, bySeconds int64) (*fsm.MessageInfo, error)
+	Stats(ctx context.Context, ns, queue string, c rm.Consistency) (fsm.QueueStats, error)
+	Limits() rm.QueueLimits
+}
+
+// multipartOverhead bounds what an enqueue body may hold besides the meta
+// JSON and the payload: boundaries and part headers.
+const multipartOverhead = 16 << 10
+
+// streamWriteTimeout bounds one write of a delivery to a subscriber.
+const streamWriteTimeout = 30 * time.Second
+
+func (h *handler) routeQueue(route func(method, path string, fn func(http.ResponseWriter, *http.Request) error)) {
+	if h.Queues == nil {
+		return
+	}
+	route(http.MethodPost, "/v1/queue/enqueue", h.queueEnqueue)
+	route(http.MethodPost, "/v1/queue/dequeue", h.queueDequeue(false))
+	route(http.MethodPost, "/v1/queue/dequeueWithState", h.queueDequeue(true))
+	route(http.MethodPost, "/v1/queue/subscribe", h.queueSubscribe(false))
+	route(http.MethodPost, "/v1/queue/subscribeWithState", h.queueSubscribe(true))
+	route(http.MethodPost, "/v1/queue/ack", h.queueAck)
+	route(http.MethodPost, "/v1/queue/nack", h.queueNack)
+	route(http.MethodPost, "/v1/queue/extend", h.queueExtend)
+	route(http.MethodPost, "/v1/queue/stats", h.queueStats)
+}
+
+// multipartError turns a failure to read an enqueue body into its code.
+func multipartError(err error) error {
+	var e *errcode.Error
+	var tooBig *http.MaxBytesError
+	switch {
+	case errors.As(err, &e):
+		return e
+	case errors.As(err, &tooBig):
+		return errcode.PayloadTooLarge.With("request body exceeds %d bytes", tooBig.Limit)
+	}
+	return errcode.InvalidBody.With("malformed multipart body: %v", err)
+}
+
+// payloadPart reads an enqueue's payload part: more than max bytes is
+// payload_too_large, a broken body invalid_body.
+type payloadPart struct {
+	r        io.Reader
+	n, limit int64
+}
+
+func (p *payloadPart) Read(b []byte) (int, error) {
+	n, err := p.r.Read(b)
+	p.n += int64(n)
+	if p.n > p.limit {
+		return n, errcode.PayloadTooLarge.With("payload exceeds %d bytes", p.limit)
+	}
+	if err != nil && !errors.Is(err, io.EOF) {
+		return n, multipartError(err)
+	}
+	return n, err
+}
+
+// decodeStrict decodes one JSON object, rejecting unknown fields and
+// trailing data.
+func decodeStrict(raw []byte, v any, what string) error {
+	if len(bytes.TrimSpace(raw)) == 0 {
+		return nil
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return errcode.InvalidBody.With("malformed %s: %v", what, err)
+	}
+	// More would let a stray ']' or '}' after the object through.
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errcode.InvalidBody.With("unexpected data after the %s object", what)
+	}
+	return nil
+}
+
+// rawJSON drops an absent or null JSON value.
+func rawJSON(v json.RawMessage) json.RawMessage {
+	if t := bytes.TrimSpace(v); len(t) == 0 || bytes.Equal(t, []byte("null")) {
+		return nil
+	}
+	return v
+}
+
+// queueEnqueue reads the multipart body lockd's client sends (a JSON meta
+// part and a payload part, as multipart/form-data or multipart/related).
+func (h *handler) queueEnqueue(w http.ResponseWriter, r *http.Request) error {
+	mediaType, params, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
+	if err != nil || !strings.HasPrefix(strings.ToLower(mediaType), "multipart/") || params["boundary"] == "" {
+		return errcode.InvalidBody.With("enqueue needs a multipart body (form-data or related) with a %q part and an optional %q part",
+			wire.PartMeta, wire.PartPayload)
+	}
+	limit := h.Queues.Limits().MaxPayloadBytes
+	mr := multipart.NewReader(http.MaxBytesReader(w, r.Body, limit+h.MaxBodyBytes+multipartOverhead), params["boundary"])
+	var meta wire.EnqueueRequest
+	var payload []byte
+	var partType string
+	sawMeta, sawPayload := false, false
+	for {
+		part, err := mr.NextPart()
+		if err == io.EOF { //nolint:errorlint // only the bare io.EOF is the closing boundary; a wrapped one is a truncated body
+			break
+		}
+		if err != nil {
+			return multipartError(err)
+		}
+		if part.FormName() == wire.PartMeta {
+			if sawMeta {
+				return errcode.InvalidBody.With("more than one %q part", wire.PartMeta)
+			}
+			sawMeta = true
+			raw, err := io.ReadAll(io.LimitReader(part, h.MaxBodyBytes+1))
+			if err != nil {
+				return multipartError(err)
+			}
+			if int64(len(raw)) > h.MaxBodyBytes {
+				return errcode.RequestTooLarge.With("the %q part exceeds %d bytes", wire.PartMeta, h.MaxBodyBytes)
+			}
+			if err := decodeStrict(raw, &meta, "meta part"); err != nil {
+				return err
+			}
+			continue
+		}
+		// As in lockd, the payload is the part named "payload", or else the
+		// first part that is not the meta part.
+		if sawPayload {
+			return errcode.InvalidBody.With("more than one payload part (%q)", part.FormName())
+		}
+		sawPayload = true
+		partType = part.Header.Get("Content-Type")
+		if payload, err = io.ReadAll(&payloadPart{r: part, limit: limit}); err != nil {
+			return multipartError(err)
+		}
+	}
+	q := r.URL.Query()
+	contentType := meta.PayloadContentType
+	if mt, _, err := mime.ParseMediaType(partType); contentType == "" && err == nil && mt != "application/octet-stream" {
+		contentType = partType
+	}
+	msg, err := h.Queues.Enqueue(r.Context(), rm.EnqueueParams{
+		Namespace:      firstNonEmpty(meta.Namespace, q.Get("namespace")),
+		Queue:          firstNonEmpty(meta.Queue, q.Get("queue")),
+		Payload:        bytes.NewReader(payload),
+		ContentType:    contentType,
+		Attributes:     rawJSON(meta.Attributes),
+		DelaySeconds:   meta.DelaySeconds,
+		VisibilitySecs: meta.VisibilityTimeoutSeconds,
+		TTLSeconds:     meta.TTLSeconds,
+		MaxAttempts:    meta.MaxAttempts,
+		TxnID:          firstNonEmpty(meta.TxnID, r.Header.Get(wire.HeaderTxnID)),
+		IdempotencyKey: r.Header.Get(wire.HeaderIdempotencyKey),
+	})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, wire.EnqueueResponse{Namespace: msg.Namespace, Queue: msg.Queue, MessageID: msg.ID,
+		Attempts: msg.Attempts, MaxAttempts: msg.MaxAttempts, FailureAttempts: msg.Failures,
+		NotVisibleUntilUnix: unixSeconds(msg.VisibleAt), VisibilityTimeoutSeconds: msg.Visibility / 1000,
+		PayloadBytes: msg.Bytes, CorrelationID: correlation(r.Context())})
+	return nil
+}
+
+// dequeueRequest is a decoded dequeue or subscribe request.
+type dequeueRequest struct {
+	params       rm.DequeueParams
+	wait         int64 // wait_seconds as sent: -1 no wait, 0 the server's maximum
+	includeState bool  // add a "state" part: the sidecar's committed document
+	stream       bool  // one of many deliveries of a subscription
+}
+
+func (h *handler) decodeDequeue(w http.ResponseWriter, r *http.Request, withState bool) (dequeueRequest, error) {
+	var req wire.DequeueRequest
+	if err := h.decodeJSON(w, r, &req); err != nil {
+		return dequeueRequest{}, err
+	}
+	include, err := boolParam(r, "include_state")
+	if err != nil {
+		return dequeueRequest{}, err
+	}
+	q := r.URL.Query()
+	d := dequeueRequest{wait: req.WaitSeconds, includeState: include && withState, params: rm.DequeueParams{
+		Namespace:      firstNonEmpty(req.Namespace, q.Get("namespace")),
+		Queue:          firstNonEmpty(req.Queue, q.Get("queue")),
+		Owner:          firstNonEmpty(req.Owner, q.Get("owner")),
+		VisibilitySecs: req.VisibilityTimeoutSeconds,
+		TxnID:          firstNonEmpty(req.TxnID, r.Header.Get(wire.HeaderTxnID)),
+		WithState:      withState,
+	}}
+	switch {
+	case req.WaitSeconds < wire.BlockNoWait:
+		return d, errcode.InvalidParams.With("wait_seconds must be -1 (no wait), 0 (the server's maximum) or positive")
+	case req.WaitSeconds == 0:
+		maxWait := h.Queues.Limits().MaxWait
+		d.params.WaitSeconds = int64((maxWait + time.Second - 1) / time.Second)
+	case req.WaitSeconds > 0:
+		d.params.WaitSeconds = req.WaitSeconds
+	}
+	return d, nil
+}
+
+// dequeueError answers a dequeue that delivered nothing as lockd does: 409
+// waiting, with a retry hint of the wait (0 when the caller would not wait).
+func dequeueError(err error, wait int64) error {
+	if !errors.Is(err, errcode.QueueEmpty) && !errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	e := errcode.Waiting.With("no messages available")
+	switch {
+	case wait > 0:
+		e.RetryAfter = wait
+	case wait == 0:
+		e.RetryAfter = 1
+	}
+	return e
+}
+
+// abandon hands back a delivery the client will not receive (it went away
+// before the delivery was written), without counting it as a failed
+// attempt. A delivery enlisted in a transaction is left to its lease: handing
+// it back would roll the whole transaction back.
+func (h *handler) abandon(d *rm.Delivery) {
+	m := d.Message
+	if m == nil || m.Lease == nil || m.Lease.TxnID != "" {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := h.Queues.Nack(ctx, rm.MessageRef{Namespace: m.Namespace, Queue: m.Queue, MessageID: m.ID,
+		LeaseID: m.Lease.ID, Token: m.Lease.Token}, rm.NackParams{Defer: true}); err != nil {
+		h.Logger.Warn("handing back an undelivered message", "queue", m.Queue, "message", m.ID, "error", err)
+	}
+}
+
+func metaETag(m *fsm.MessageInfo) string {
+	if m.Lease == nil {
+		return ""
+	}
+	return strconv.FormatInt(m.Lease.Token, 10)
+}
+
+// wireMessage describes a delivery. visSecs is the visibility the dequeue
+// asked for (0: the message's own).
+func (h *handler) wireMessage(ctx context.Context, d *rm.Delivery, visSecs int64) *wire.Message {
+	m := d.Message
+	vis := m.Visibility / 1000
+	if visSecs > 0 {
+		vis = min(visSecs, int64(h.Queues.Limits().MaxVisibility/time.Second))
+	}
+	out := &wire.Message{Namespace: m.Namespace, Queue: m.Queue, MessageID: m.ID, Attempts: m.Attempts,
+		MaxAttempts: m.MaxAttempts, FailureAttempts: m.Failures, NotVisibleUntilUnix: unixSeconds(m.VisibleAt),
+		VisibilityTimeoutSeconds: vis, Attributes: m.Attributes, PayloadContentType: m.ContentType,
+		PayloadBytes: m.Bytes, CorrelationID: correlation(ctx), MetaETag: metaETag(m)}
+	if l := m.Lease; l != nil {
+		out.LeaseID, out.LeaseExpiresAtUnix, out.FencingToken, out.TxnID = l.ID, unixSeconds(l.ExpiresAt), l.Token, l.TxnID
+	}
+	if s := m.State; s != nil {
+		out.StateLeaseID, out.StateLeaseExpiresAtUnix, out.StateFencingToken, out.StateTxnID =
+			s.LeaseID, unixSeconds(s.ExpiresAt), s.Token, s.TxnID
+		out.StateETag = d.State.ETag
+	}
+	return out
+}
+
+// writeDelivery writes one delivery the way lockd does: a JSON "meta" part
+// holding a DequeueResponse and a "payload" part (always, empty or not),
+// then, when asked for (include_state=1), a "state" part with the sidecar's
+// committed document, empty when it has none.
+func (h *handler) writeDelivery(ctx context.Context, mw *multipart.Writer, d *rm.Delivery, req dequeueRequest) error {
+	if err := writeMeta(mw, &wire.DequeueResponse{Message: h.wireMessage(ctx, d, req.params.VisibilitySecs)}); err != nil {
+		return err
+	}
+	last := d.Payload
+	ctype := d.Message.ContentType
+	if ctype == "" {
+		ctype = "application/octet-stream"
+	}
+	hdr := textproto.MIMEHeader{}
+	hdr.Set("Content-Type", ctype)
+	hdr.Set("Content-Length", strconv.Itoa(len(d.Payload)))
+	hdr.Set("Content-Disposition", `form-data; name="`+wire.PartPayload+`"`)
+	part, err := mw.CreatePart(hdr)
+	if err != nil {
+		return fmt.Errorf("api: write delivery: %w", err)
+	}
+	if _, err := part.Write(d.Payload); err != nil {
+		return fmt.Errorf("api: write delivery: %w", err)
+	}
+	if req.includeState {
+		last = d.State.Bytes
+		if err := writeState(mw, d.State); err != nil {
+			return err
+		}
+	}
+	if req.stream && heldBack(last, mw.Boundary()) {
+		// A reader cannot tell a part ending in "\r", "\r\n", ... from the
+		// start of the next boundary and waits for it; on a stream that
+		// would hold this delivery back until the next one. A meta part
+		// without a message ends it now.
+		return writeMeta(mw, &wire.DequeueResponse{})
+	}
+	return nil
+}
+
+// heldBack reports whether a multipart reader would hold back the end of
+// data until more of the body arrives.
+func heldBack(data []byte, boundary string) bool {
+	return bytes.IndexByte(data[max(0, len(data)-len(boundary)-4):], '\r') >= 0
+}
+
+func writeMeta(mw *multipart.Writer, meta *wire.DequeueResponse) error {
+	raw, err := json.Marshal(meta)
+	if err != nil {
+		return fmt.Errorf("api: encode delivery: %w", err)
+	}
+	hdr := textproto.MIMEHeader{}
+	hdr.Set("Content-Type", "application/json")
+	hdr.Set("Content-Disposition", `form-data; name="`+wire.PartMeta+`"`)
+	part, err := mw.CreatePart(hdr)
+	if err == nil {
+		_, err = part.Write(append(raw, '\n'))
+	}
+	if err != nil {
+		return fmt.Errorf("api: write delivery: %w", err)
+	}
+	return nil
+}
+
+func writeState(mw *multipart.Writer, doc fsm.Doc) error {
+	hdr := textproto.MIMEHeader{}
+	hdr.Set("Content-Type", "application/json")
+	hdr.Set("Content-Length", strconv.Itoa(len(doc.Bytes)))
+	hdr.Set("Content-Disposition", `form-data; name="`+wire.PartState+`"`)
+	hdr.Set(wire.HeaderKeyVersion, strconv.FormatInt(doc.Version, 10))
+	if doc.Exists {
+		hdr.Set(wire.HeaderETag, doc.ETag)
+	}
+	part, err := mw.CreatePart(hdr)
+	if err == nil {
+		_, err = part.Write(doc.Bytes)
+	}
+	if err != nil {
+		return fmt.Errorf("api: write delivery: %w", err)
+	}
+	return nil
+}
+
+func startMultipart(w http.ResponseWriter) *multipart.Writer {
+	mw := multipart.NewWriter(w)
+	w.Header().Set("Content-Type", "multipart/related; boundary="+mw.Boundary())
+	w.WriteHeader(http.StatusOK)
+	return mw
+}
+
+// queueDequeue leases the next message of a queue, waiting on the server
+// for up to wait_seconds, and answers it as multipart/related.
+func (h *handler) queueDequeue(withState bool) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		req, err := h.decodeDequeue(w, r, withState)
+		if err != nil {
+			return err
+		}
+		// The wait may outlast the server's read timeout, whose expiry
+		// would end the request.
+		_ = http.NewResponseController(w).SetReadDeadline(time.Time{})
+		d, err := h.Queues.Dequeue(r.Context(), req.params)
+		if err != nil {
+			return dequeueError(err, req.wait)
+		}
+		if err := r.Context().Err(); err != nil {
+			h.abandon(d)
+			return fmt.Errorf("api: dequeue: %w", err)
+		}
+		mw := startMultipart(w)
+		if err := h.writeDelivery(r.Context(), mw, d, req); err != nil {
+			return err
+		}
+		return mw.Close()
+	}
+}
+
+// queueSubscribe streams deliveries as parts of one multipart/related
+// response until the client goes away. As in lockd, the response starts
+// with the first delivery: when none comes within the first wait the answer
+// is 409 waiting. With wait_seconds -1 the stream ends once the queue has
+// nothing ready.
+func (h *handler) queueSubscribe(withState bool) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		req, err := h.decodeDequeue(w, r, withState)
+		if err != nil {
+			return err
+		}
+		req.stream = true
+		ctx := r.Context()
+		rc := http.NewResponseController(w)
+		_ = rc.SetReadDeadline(time.Time{})
+		var mw *multipart.Writer
+		for {
+			d, err := h.Queues.Dequeue(ctx, req.params)
+			if err != nil {
+				if mw == nil {
+					return dequeueError(err, req.wait)
+				}
+				if errors.Is(err, errcode.QueueEmpty) && req.params.WaitSeconds > 0 && ctx.Err() == nil {
+					continue
+				}
+				if ctx.Err() == nil && !errors.Is(err, errcode.QueueEmpty) {
+					h.Logger.Warn("subscription ends", "queue", req.params.Queue, "error", err)
+				}
+				break
+			}
+			if ctx.Err() != nil {
+				h.abandon(d)
+				break
+			}
+			if mw == nil {
+				mw = startMultipart(w)
+			}
+			_ = rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+			err = h.writeDelivery(ctx, mw, d, req)
+			if err == nil {
+				err = rc.Flush()
+			}
+			if err != nil {
+				h.abandon(d)
+				return err
+			}
+		}
+		if mw == nil {
+			return fmt.Errorf("api: subscribe: %w", ctx.Err())
+		}
+		_ = rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
+		return mw.Close()
+	}
+}
+
+// messageRef names the delivery an ack, nack or extend acts on. meta_etag,
+// when sent, must be the delivery's (its fencing token in decimal).
+func messageRef(r *http.Request, ns, queue, id, lease string, token int64, etag, txn string) (rm.MessageRef, error) {
+	ref := rm.MessageRef{Namespace: firstNonEmpty(ns, r.URL.Query().Get("namespace")), Queue: queue, MessageID: id,
+		LeaseID: lease, Token: token}
+	if token < 0 {
+		return ref, errcode.InvalidFencing.With("fencing_token must be positive")
+	}
+	if txn != "" {
+		if _, err := rm.TxnID(txn); err != nil {
+			return ref, err
+		}
+	}
+	if etag = strings.Trim(strings.TrimSpace(etag), `"`); etag != "" {
+		n, err := strconv.ParseInt(etag, 10, 64)
+		if err != nil || n <= 0 || (token != 0 && n != token) {
+			return ref, errcode.QueueLeaseMismatch.With("meta_etag %q is not the delivery's", etag)
+		}
+		ref.Token = n
+	}
+	return ref, nil
+}
+
+func (h *handler) queueAck(w http.ResponseWriter, r *http.Request) error {
+	var req wire.AckRequest
+	if err := h.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	ref, err := messageRef(r, req.Namespace, req.Queue, req.MessageID, req.LeaseID, req.FencingToken, req.MetaETag, req.TxnID)
+	if err != nil {
+		return err
+	}
+	if err := h.Queues.Ack(r.Context(), ref); err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, wire.AckResponse{Acked: true, CorrelationID: correlation(r.Context())})
+	return nil
+}
+
+func (h *handler) queueNack(w http.ResponseWriter, r *http.Request) error {
+	var req wire.NackRequest
+	if err := h.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	ref, err := messageRef(r, req.Namespace, req.Queue, req.MessageID, req.LeaseID, req.FencingToken, req.MetaETag, req.TxnID)
+	if err != nil {
+		return err
+	}
+	var deferred bool
+	switch req.Intent {
+	case "", wire.NackIntentFailure:
+	case wire.NackIntentDefer:
+		deferred = true
+	default:
+		return errcode.InvalidParams.With("intent must be %q or %q", wire.NackIntentFailure, wire.NackIntentDefer)
+	}
+	res, err := h.Queues.Nack(r.Context(), ref, rm.NackParams{Defer: deferred, DelaySeconds: req.DelaySeconds,
+		LastError: rawJSON(req.LastError)})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, wire.NackResponse{Requeued: res.Requeued, DeadLetterQueue: res.DeadLetter,
+		CorrelationID: correlation(r.Context())})
+	return nil
+}
+
+func (h *handler) queueExtend(w http.ResponseWriter, r *http.Request) error {
+	var req wire.ExtendRequest
+	if err := h.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	ref, err := messageRef(r, req.Namespace, req.Queue, req.MessageID, req.LeaseID, req.FencingToken, req.MetaETag, req.TxnID)
+	if err != nil {
+		return err
+	}
+	m, err := h.Queues.Extend(r.Context(), ref, req.ExtendBySeconds)
+	if err != nil {
+		return err
+	}
+	by := m.Visibility / 1000
+	if req.ExtendBySeconds > 0 {
+		by = min(req.ExtendBySeconds, int64(h.Queues.Limits().MaxVisibility/time.Second))
+	}
+	out := wire.ExtendResponse{VisibilityTimeoutSeconds: by, MetaETag: metaETag(m), CorrelationID: correlation(r.Context())}
+	if m.Lease != nil {
+		out.LeaseExpiresAtUnix = unixSeconds(m.Lease.ExpiresAt)
+	}
+	if m.State != nil {
+		out.StateLeaseExpiresAtUnix = unixSeconds(m.State.ExpiresAt)
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}
+
+func (h *handler) queueStats(w http.ResponseWriter, r *http.Request) error {
+	var req wire.QueueStatsRequest
+	if err := h.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	c, err := consistency(r)
+	if err != nil {
+		return err
+	}
+	q := r.URL.Query()
+	ns, queue, err := rm.QueueRef(firstNonEmpty(req.Namespace, q.Get("namespace")), firstNonEmpty(req.Queue, q.Get("queue")))
+	if err != nil {
+		return err
+	}
+	st, err := h.Queues.Stats(r.Context(), ns, queue, c)
+	if err != nil {
+		return err
+	}
+	out := wire.QueueStatsResponse{Namespace: ns, Queue: queue, Available: st.Head != nil,
+		WaitingConsumers: st.Waiting, PendingCandidates: st.Ready, TotalConsumers: st.Waiting,
+		CorrelationID: correlation(r.Context()), Ready: st.Ready, InFlight: st.InFlight, Delayed: st.Delayed,
+		Staged: st.Staged, DeadLetterReady: st.DeadReady}
+	if m := st.Head; m != nil {
+		out.HeadMessageID, out.HeadEnqueuedAtUnix, out.HeadNotVisibleUntilUnix = m.ID, unixSeconds(m.EnqueuedAt), unixSeconds(m.VisibleAt)
+		out.HeadAgeSeconds = max(0, time.Now().UnixMilli()-m.EnqueuedAt) / 1000
+	}
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}

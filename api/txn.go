@@ -1,0 +1,272 @@
+package api
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/raftlockd/raftlockd/cluster"
+	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/fsm"
+	"github.com/raftlockd/raftlockd/rm"
+	"github.com/raftlockd/raftlockd/tc"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// The transaction endpoints: the coordinator's (/v1/txn/decide, replay,
+// status, and the RM registry under /v1/tc/rm/...) and the resource
+// manager's (/v1/txn/prepare, commit, rollback).
+
+// Coordinator is the island's transaction coordinator.
+type Coordinator interface {
+	Decide(ctx context.Context, d tc.Decision) (*fsm.TxnInfo, error)
+	Replay(ctx context.Context, txn string) (*fsm.TxnInfo, error)
+	Status(ctx context.Context, txn string) (*fsm.TxnInfo, error)
+	Register(ctx context.Context, backend, endpoint string, remove bool) (fsm.RMInfo, error)
+	RMs(ctx context.Context) (map[string]fsm.RMEntry, error)
+}
+
+// ResourceManager applies other islands' coordinators' requests here.
+type ResourceManager interface {
+	Prepare(ctx context.Context, c rm.Coordinated) (*fsm.TxnInfo, error)
+	Apply(ctx context.Context, c rm.Coordinated) (*fsm.TxnInfo, error)
+}
+
+// Leader is what a follower needs to hand a coordinator request to the
+// leader.
+type Leader interface {
+	IsLeader() bool
+	Leader() (id, endpoint string)
+	BackendHash() string
+}
+
+func (h *handler) routeTxn(route func(method, path string, fn func(http.ResponseWriter, *http.Request) error)) {
+	if h.Coordinator != nil {
+		route(http.MethodPost, "/v1/txn/decide", h.leaderOnly(h.txnDecide))
+		route(http.MethodPost, "/v1/txn/replay", h.leaderOnly(h.txnReplay))
+		route(http.MethodGet, "/v1/txn/status", h.txnStatus)
+		route(http.MethodPost, "/v1/tc/rm/register", h.leaderOnly(h.rmRegister(false)))
+		route(http.MethodPost, "/v1/tc/rm/unregister", h.leaderOnly(h.rmRegister(true)))
+		route(http.MethodGet, "/v1/tc/rm/list", h.rmList)
+	}
+	if h.RM != nil {
+		route(http.MethodPost, "/v1/txn/prepare", h.txnRM(fsm.TxnPending))
+		route(http.MethodPost, "/v1/txn/commit", h.txnRM(fsm.TxnCommit))
+		route(http.MethodPost, "/v1/txn/rollback", h.txnRM(fsm.TxnRollback))
+	}
+}
+
+// leaderOnly serves fn on the leader and passes the request on to the
+// leader's API from a follower (once: a forwarded request that reaches a
+// node that is not the leader either answers not_leader).
+func (h *handler) leaderOnly(fn func(http.ResponseWriter, *http.Request) error) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		if h.LeaderOf == nil || h.LeaderOf.IsLeader() {
+			return fn(w, r)
+		}
+		id, endpoint := h.LeaderOf.Leader()
+		if endpoint == "" || r.Header.Get(wire.HeaderForwardedBy) != "" {
+			e := errcode.NotLeader.With("node %s is not the leader", h.NodeID)
+			if id == "" {
+				e = errcode.NoLeader.With("no leader is known")
+			}
+			e.LeaderEndpoint, e.RetryAfter = endpoint, 1
+			return e
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.MaxBodyBytes))
+		if err != nil {
+			return errcode.RequestTooLarge.With("request body exceeds %d bytes", h.MaxBodyBytes)
+		}
+		req, err := http.NewRequestWithContext(r.Context(), r.Method, endpoint+r.URL.RequestURI(), bytes.NewReader(body))
+		if err != nil {
+			return errcode.Internal.With("forwarding: %v", err)
+		}
+		req.Header = r.Header.Clone()
+		req.Header.Set(wire.HeaderForwardedBy, h.NodeID)
+		resp, err := h.peerHTTP().Do(req)
+		if err != nil {
+			e := errcode.Unavailable.With("forwarding to the leader %s: %v", id, err)
+			e.RetryAfter = 1
+			return e
+		}
+		defer resp.Body.Close()
+		for _, k := range []string{"Content-Type", wire.HeaderRetryAfter, wire.HeaderLeader} {
+			if v := resp.Header.Get(k); v != "" {
+				w.Header().Set(k, v)
+			}
+		}
+		w.WriteHeader(resp.StatusCode)
+		_, _ = io.Copy(w, resp.Body)
+		return nil
+	}
+}
+
+func (h *handler) peerHTTP() *http.Client {
+	if h.PeerHTTP != nil {
+		return h.PeerHTTP
+	}
+	return http.DefaultClient
+}
+
+func participantsIn(ps []wire.TxnParticipant) []fsm.Participant {
+	out := make([]fsm.Participant, len(ps))
+	for i, p := range ps {
+		out[i] = fsm.Participant{Namespace: p.Namespace, Key: p.Key, Backend: p.BackendHash}
+	}
+	return out
+}
+
+func participantsOut(ps []fsm.Participant, self string) []wire.TxnParticipant {
+	out := make([]wire.TxnParticipant, len(ps))
+	for i, p := range ps {
+		b := p.Backend
+		if b == "" {
+			b = self
+		}
+		out[i] = wire.TxnParticipant{Namespace: p.Namespace, Key: p.Key, BackendHash: b}
+	}
+	return out
+}
+
+func expiresAt(unix int64) (time.Time, error) {
+	switch {
+	case unix < 0:
+		return time.Time{}, errcode.InvalidParams.With("expires_at_unix must not be negative")
+	case unix == 0:
+		return time.Time{}, nil
+	}
+	return time.Unix(unix, 0), nil
+}
+
+func (h *handler) txnDecide(w http.ResponseWriter, r *http.Request) error {
+	var req wire.TxnDecisionRequest
+	if err := h.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	exp, err := expiresAt(req.ExpiresAtUnix)
+	if err != nil {
+		return err
+	}
+	info, err := h.Coordinator.Decide(r.Context(), tc.Decision{TxnID: req.TxnID, State: req.State,
+		Participants: participantsIn(req.Participants), ExpiresAt: exp, Owner: req.Owner})
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, wire.TxnDecisionResponse{TxnID: info.TxnID, State: info.State, TCTerm: info.TCTerm})
+	return nil
+}
+
+func (h *handler) txnReplay(w http.ResponseWriter, r *http.Request) error {
+	var req wire.TxnReplayRequest
+	if err := h.decodeJSON(w, r, &req); err != nil {
+		return err
+	}
+	info, err := h.Coordinator.Replay(r.Context(), req.TxnID)
+	if err != nil {
+		return err
+	}
+	writeJSON(w, http.StatusOK, wire.TxnReplayResponse{TxnID: info.TxnID, State: info.State, TCTerm: info.TCTerm})
+	return nil
+}
+
+func (h *handler) txnStatus(w http.ResponseWriter, r *http.Request) error {
+	info, err := h.Coordinator.Status(r.Context(), r.URL.Query().Get("txn_id"))
+	if err != nil {
+		return err
+	}
+	self := ""
+	if h.LeaderOf != nil {
+		self = h.LeaderOf.BackendHash()
+	}
+	writeJSON(w, http.StatusOK, wire.TxnStatusResponse{TxnID: info.TxnID, State: info.State, Reason: info.Reason,
+		Detail: info.Detail, BackendHash: self, TCBackendHash: info.Home, TCTerm: info.TCTerm,
+		ExpiresAtUnix: unixSeconds(info.ExpiresAt), Participants: participantsOut(info.Participants, self),
+		Prepared: info.Prepared, Acked: info.Acked})
+	return nil
+}
+
+// txnRM serves the resource manager endpoints: prepare (state pending),
+// commit and rollback.
+func (h *handler) txnRM(state string) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		var req wire.TxnDecisionRequest
+		if err := h.decodeJSON(w, r, &req); err != nil {
+			return err
+		}
+		if req.State != "" && req.State != state {
+			return errcode.InvalidParams.With("state %q does not match %s", req.State, r.URL.Path)
+		}
+		exp, err := expiresAt(req.ExpiresAtUnix)
+		if err != nil {
+			return err
+		}
+		c := rm.Coordinated{TxnID: req.TxnID, State: state, Home: req.TCBackendHash, Term: req.TCTerm,
+			Target: req.TargetBackendHash, ExpiresAt: exp, Owner: req.Owner, Participants: participantsIn(req.Participants)}
+		var info *fsm.TxnInfo
+		if state == fsm.TxnPending {
+			info, err = h.RM.Prepare(r.Context(), c)
+		} else {
+			info, err = h.RM.Apply(r.Context(), c)
+		}
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, wire.TxnDecisionResponse{TxnID: info.TxnID, State: info.State, TCTerm: info.TCTerm})
+		return nil
+	}
+}
+
+func (h *handler) rmRegister(remove bool) func(http.ResponseWriter, *http.Request) error {
+	return func(w http.ResponseWriter, r *http.Request) error {
+		var req wire.TCRMRegisterRequest
+		if err := h.decodeJSON(w, r, &req); err != nil {
+			return err
+		}
+		backend, err := rm.BackendHash(req.BackendHash)
+		if err != nil {
+			return err
+		}
+		if backend == "" {
+			return errcode.InvalidParams.With("backend_hash is required")
+		}
+		ep, err := cluster.NormalizeEndpoint(req.Endpoint)
+		if err != nil {
+			return err
+		}
+		info, err := h.Coordinator.Register(r.Context(), backend, ep, remove)
+		if err != nil {
+			return err
+		}
+		writeJSON(w, http.StatusOK, wire.TCRMRegisterResponse{BackendHash: backend, Endpoints: nonNil(info.Entry.Endpoints),
+			UpdatedAtUnix: unixSeconds(info.Entry.UpdatedAt)})
+		return nil
+	}
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}
+
+func (h *handler) rmList(w http.ResponseWriter, r *http.Request) error {
+	rms, err := h.Coordinator.RMs(r.Context())
+	if err != nil {
+		return err
+	}
+	out := wire.TCRMListResponse{Backends: []wire.TCRMBackend{}}
+	var latest int64
+	for b, e := range rms {
+		out.Backends = append(out.Backends, wire.TCRMBackend{BackendHash: b, Endpoints: nonNil(e.Endpoints),
+			UpdatedAtUnix: unixSeconds(e.UpdatedAt)})
+		latest = max(latest, e.UpdatedAt)
+	}
+	sort.Slice(out.Backends, func(i, j int) bool { return out.Backends[i].BackendHash < out.Backends[j].BackendHash })
+	out.UpdatedAtUnix = unixSeconds(latest)
+	writeJSON(w, http.StatusOK, out)
+	return nil
+}

@@ -1,0 +1,381 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"mime/multipart"
+	"net/http"
+	"net/textproto"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/rs/xid"
+
+	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// Queues: enqueue, dequeue (one message, or a stream of them with
+// Subscribe), ack, nack, extend and stats.
+
+// Delivery is a leased message: its metadata, payload and, for a stateful
+// dequeue asked to include it, the state sidecar's committed document.
+type Delivery struct {
+	c       *Client
+	Message wire.Message
+	Payload []byte
+	// State is the sidecar's committed document (DequeueWithState and
+	// SubscribeWithState); Exists is false when it has none.
+	State *Document
+}
+
+// StateRef is the lease of the delivery's state sidecar, for Update and Get
+// of "q/<queue>/state/<message id>"; ok is false without a sidecar.
+func (d *Delivery) StateRef() (ref LeaseRef, ok bool) {
+	m := d.Message
+	if m.StateLeaseID == "" {
+		return LeaseRef{}, false
+	}
+	return LeaseRef{Namespace: m.Namespace, Key: "q/" + m.Queue + "/state/" + m.MessageID, LeaseID: m.StateLeaseID,
+		TxnID: m.StateTxnID, FencingToken: m.StateFencingToken}, true
+}
+
+// Ack acknowledges the delivery: the message (and its sidecar) is removed.
+func (d *Delivery) Ack(ctx context.Context) error {
+	m := d.Message
+	_, err := d.c.Ack(ctx, wire.AckRequest{Namespace: m.Namespace, Queue: m.Queue, MessageID: m.MessageID,
+		LeaseID: m.LeaseID, FencingToken: m.FencingToken, MetaETag: m.MetaETag})
+	return err
+}
+
+// Nack hands the delivery back: intent wire.NackIntentFailure (counts
+// against max_attempts) or wire.NackIntentDefer, visible again after delay.
+func (d *Delivery) Nack(ctx context.Context, intent string, delay time.Duration, lastError json.RawMessage) (*wire.NackResponse, error) {
+	m := d.Message
+	return d.c.Nack(ctx, wire.NackRequest{Namespace: m.Namespace, Queue: m.Queue, MessageID: m.MessageID,
+		LeaseID: m.LeaseID, FencingToken: m.FencingToken, MetaETag: m.MetaETag, Intent: intent,
+		DelaySeconds: seconds(delay), LastError: lastError})
+}
+
+// Extend extends the delivery's lease (and its sidecar's) by by (0: the
+// message's visibility timeout).
+func (d *Delivery) Extend(ctx context.Context, by time.Duration) (*wire.ExtendResponse, error) {
+	m := d.Message
+	out, err := d.c.Extend(ctx, wire.ExtendRequest{Namespace: m.Namespace, Queue: m.Queue, MessageID: m.MessageID,
+		LeaseID: m.LeaseID, FencingToken: m.FencingToken, MetaETag: m.MetaETag, ExtendBySeconds: seconds(by)})
+	if err == nil {
+		d.Message.LeaseExpiresAtUnix = out.LeaseExpiresAtUnix
+		if out.StateLeaseExpiresAtUnix > 0 {
+			d.Message.StateLeaseExpiresAtUnix = out.StateLeaseExpiresAtUnix
+		}
+	}
+	return out, err
+}
+
+// seconds rounds a positive duration up to whole seconds.
+func seconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Second - 1) / time.Second)
+}
+
+// Enqueue adds a message to a queue. The request carries a fresh
+// idempotency key, reused for every retry of this call, so that a retry
+// after a lost answer enqueues the message once.
+func (c *Client) Enqueue(ctx context.Context, req wire.EnqueueRequest, payload []byte) (*wire.EnqueueResponse, error) {
+	return c.EnqueueWithKey(ctx, req, payload, xid.New().String())
+}
+
+// EnqueueWithKey is Enqueue with a caller-chosen idempotency key ("" sends
+// none, and the call is not retried after an ambiguous failure).
+func (c *Client) EnqueueWithKey(ctx context.Context, req wire.EnqueueRequest, payload []byte, idempotencyKey string) (*wire.EnqueueResponse, error) {
+	req.Namespace = c.ns(req.Namespace)
+	body, contentType, err := EnqueueBody(req, payload)
+	if err != nil {
+		return nil, err
+	}
+	h := http.Header{}
+	h.Set("Content-Type", contentType)
+	if idempotencyKey != "" {
+		h.Set(wire.HeaderIdempotencyKey, idempotencyKey)
+	}
+	var out wire.EnqueueResponse
+	_, err = c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/queue/enqueue", header: h, body: body,
+		idempotent: idempotencyKey != ""}, &out)
+	return &out, err
+}
+
+// EnqueueBody builds the multipart/form-data body of an enqueue: the JSON
+// "meta" part and the "payload" part. It returns the body and its
+// Content-Type.
+func EnqueueBody(req wire.EnqueueRequest, payload []byte) ([]byte, string, error) {
+	var buf bytes.Buffer
+	mw := multipart.NewWriter(&buf)
+	meta, err := json.Marshal(req)
+	if err != nil {
+		return nil, "", fmt.Errorf("client: encode enqueue meta: %w", err)
+	}
+	hdr := textproto.MIMEHeader{}
+	hdr.Set("Content-Type", "application/json")
+	hdr.Set("Content-Disposition", `form-data; name="`+wire.PartMeta+`"`)
+	part, err := mw.CreatePart(hdr)
+	if err == nil {
+		_, err = part.Write(meta)
+	}
+	ctype := req.PayloadContentType
+	if ctype == "" {
+		ctype = "application/octet-stream"
+	}
+	hdr = textproto.MIMEHeader{}
+	hdr.Set("Content-Type", ctype)
+	hdr.Set("Content-Disposition", `form-data; name="`+wire.PartPayload+`"`)
+	if err == nil {
+		part, err = mw.CreatePart(hdr)
+	}
+	if err == nil {
+		_, err = part.Write(payload)
+	}
+	if err == nil {
+		err = mw.Close()
+	}
+	if err != nil {
+		return nil, "", fmt.Errorf("client: build enqueue body: %w", err)
+	}
+	return buf.Bytes(), mw.FormDataContentType(), nil
+}
+
+// Dequeue leases the next message of a queue. The server waits up to
+// req.WaitSeconds for one (0: its maximum, wire.BlockNoWait: not at all);
+// when none comes the error is errcode.Waiting.
+func (c *Client) Dequeue(ctx context.Context, req wire.DequeueRequest) (*Delivery, error) {
+	return c.dequeue(ctx, "/v1/queue/dequeue", req, false)
+}
+
+// DequeueWithState is Dequeue that also leases the message's state sidecar
+// and returns its committed document in Delivery.State.
+func (c *Client) DequeueWithState(ctx context.Context, req wire.DequeueRequest) (*Delivery, error) {
+	return c.dequeue(ctx, "/v1/queue/dequeueWithState", req, true)
+}
+
+func (c *Client) dequeue(ctx context.Context, path string, req wire.DequeueRequest, withState bool) (*Delivery, error) {
+	resp, dr, err := c.openDeliveries(ctx, path, req, withState)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	d, err := dr.next()
+	if errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("client: %s: the answer holds no delivery", path)
+	}
+	return d, err
+}
+
+func (c *Client) openDeliveries(ctx context.Context, path string, req wire.DequeueRequest, withState bool) (*http.Response, *deliveryReader, error) {
+	req.Namespace = c.ns(req.Namespace)
+	body, _ := json.Marshal(req)
+	var q url.Values
+	if withState {
+		q = url.Values{"include_state": {"1"}}
+	}
+	resp, err := c.do(ctx, call{method: http.MethodPost, path: path, query: q, body: body})
+	if err != nil {
+		return nil, nil, err
+	}
+	mediaType, params, err := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	if err != nil || !strings.HasPrefix(mediaType, "multipart/") || params["boundary"] == "" {
+		resp.Body.Close()
+		return nil, nil, fmt.Errorf("client: %s answered %q, not multipart", path, resp.Header.Get("Content-Type"))
+	}
+	return resp, &deliveryReader{c: c, mr: multipart.NewReader(resp.Body, params["boundary"]), withState: withState}, nil
+}
+
+// deliveryReader reads deliveries from a multipart/related answer: per
+// delivery a "meta" part, a "payload" part and, when asked for, a "state"
+// part.
+type deliveryReader struct {
+	c         *Client
+	mr        *multipart.Reader
+	withState bool
+}
+
+func (r *deliveryReader) part(name string) (*multipart.Part, error) {
+	p, err := r.mr.NextPart()
+	if err != nil {
+		return nil, err
+	}
+	if got := p.FormName(); got != "" && got != name {
+		return nil, fmt.Errorf("client: unexpected part %q where %q belongs", got, name)
+	}
+	return p, nil
+}
+
+// next returns the next delivery, or io.EOF at the end of the answer.
+func (r *deliveryReader) next() (*Delivery, error) {
+	var meta wire.DequeueResponse
+	for meta.Message == nil {
+		// A meta part without a message carries nothing (lockd's clients
+		// skip it too).
+		p, err := r.part(wire.PartMeta)
+		if err == io.EOF { //nolint:errorlint // only the bare io.EOF is the closing boundary; a wrapped one is a cut stream
+			return nil, io.EOF
+		}
+		if err != nil {
+			return nil, fmt.Errorf("client: read delivery: %w", err)
+		}
+		if err := json.NewDecoder(p).Decode(&meta); err != nil {
+			return nil, fmt.Errorf("client: decode delivery: %w", err)
+		}
+	}
+	d := &Delivery{c: r.c, Message: *meta.Message}
+	p, err := r.part(wire.PartPayload)
+	if err == nil {
+		d.Payload, err = readPart(p)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("client: read payload: %w", err)
+	}
+	if !r.withState {
+		return d, nil
+	}
+	if p, err = r.part(wire.PartState); err != nil {
+		return nil, fmt.Errorf("client: read state: %w", err)
+	}
+	doc := &Document{ETag: strings.Trim(p.Header.Get(wire.HeaderETag), `"`)}
+	doc.Version, _ = strconv.ParseInt(p.Header.Get(wire.HeaderKeyVersion), 10, 64)
+	if doc.Body, err = readPart(p); err != nil {
+		return nil, fmt.Errorf("client: read state: %w", err)
+	}
+	doc.Exists = doc.ETag != ""
+	d.State = doc
+	return d, nil
+}
+
+// readPart reads a part of a delivery. With a Content-Length it reads
+// exactly that much, without waiting for the next part of a stream (which
+// is what ends the part otherwise). The length only bounds the read: the
+// buffer grows with what arrives, whatever length the part claims.
+func readPart(p *multipart.Part) ([]byte, error) {
+	n, err := strconv.ParseInt(p.Header.Get("Content-Length"), 10, 64)
+	if err != nil || n < 0 || n > 1<<30 {
+		return io.ReadAll(p)
+	}
+	b, err := io.ReadAll(io.LimitReader(p, n))
+	if err == nil && int64(len(b)) < n {
+		err = io.ErrUnexpectedEOF
+	}
+	return b, err
+}
+
+// Subscribe streams a queue's deliveries to fn, one at a time in the order
+// the server hands them out, until ctx ends or fn fails (its error is
+// returned). While the queue is empty the subscription waits on the server;
+// with req.WaitSeconds wire.BlockNoWait it returns nil once nothing is
+// ready. Every delivery is leased like a dequeued one: fn acks or nacks it.
+func (c *Client) Subscribe(ctx context.Context, req wire.DequeueRequest, fn func(*Delivery) error) error {
+	return c.subscribe(ctx, "/v1/queue/subscribe", req, false, fn)
+}
+
+// SubscribeWithState is Subscribe with state sidecars (see DequeueWithState).
+func (c *Client) SubscribeWithState(ctx context.Context, req wire.DequeueRequest, fn func(*Delivery) error) error {
+	return c.subscribe(ctx, "/v1/queue/subscribeWithState", req, true, fn)
+}
+
+func (c *Client) subscribe(ctx context.Context, path string, req wire.DequeueRequest, withState bool, fn func(*Delivery) error) error {
+	for {
+		started := time.Now()
+		resp, dr, err := c.openDeliveries(ctx, path, req, withState)
+		switch {
+		case ctx.Err() != nil:
+			if resp != nil {
+				resp.Body.Close()
+			}
+			return ctx.Err()
+		case errors.Is(err, errcode.Waiting):
+			if req.WaitSeconds == wire.BlockNoWait {
+				return nil
+			}
+			if pause := 100*time.Millisecond - time.Since(started); pause > 0 {
+				t := time.NewTimer(pause)
+				select {
+				case <-t.C:
+				case <-ctx.Done():
+					t.Stop()
+					return ctx.Err()
+				}
+			}
+			continue
+		case err != nil:
+			return err
+		}
+		err = c.drain(ctx, dr, fn)
+		resp.Body.Close()
+		if err != nil || req.WaitSeconds == wire.BlockNoWait {
+			return err
+		}
+	}
+}
+
+func (c *Client) drain(ctx context.Context, dr *deliveryReader, fn func(*Delivery) error) error {
+	for {
+		d, err := dr.next()
+		switch {
+		case errors.Is(err, io.EOF):
+			return nil
+		case ctx.Err() != nil:
+			return ctx.Err()
+		case err != nil:
+			return err
+		}
+		if err := fn(d); err != nil {
+			return err
+		}
+	}
+}
+
+// Ack acknowledges a delivery.
+func (c *Client) Ack(ctx context.Context, req wire.AckRequest) (*wire.AckResponse, error) {
+	req.Namespace = c.ns(req.Namespace)
+	body, _ := json.Marshal(req)
+	var out wire.AckResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/queue/ack", body: body}, &out)
+	return &out, err
+}
+
+// Nack hands a delivery back to its queue.
+func (c *Client) Nack(ctx context.Context, req wire.NackRequest) (*wire.NackResponse, error) {
+	req.Namespace = c.ns(req.Namespace)
+	body, _ := json.Marshal(req)
+	var out wire.NackResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/queue/nack", body: body}, &out)
+	return &out, err
+}
+
+// Extend extends a delivery's lease.
+func (c *Client) Extend(ctx context.Context, req wire.ExtendRequest) (*wire.ExtendResponse, error) {
+	req.Namespace = c.ns(req.Namespace)
+	body, _ := json.Marshal(req)
+	var out wire.ExtendResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/queue/extend", body: body, idempotent: true}, &out)
+	return &out, err
+}
+
+// QueueStats describes a queue without changing it; stale reads the serving
+// node's own state without asking the leader.
+func (c *Client) QueueStats(ctx context.Context, ns, queue string, stale bool) (*wire.QueueStatsResponse, error) {
+	body, _ := json.Marshal(wire.QueueStatsRequest{Namespace: c.ns(ns), Queue: queue})
+	var q url.Values
+	if stale {
+		q = url.Values{"stale": {"1"}}
+	}
+	var out wire.QueueStatsResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/queue/stats", query: q, body: body, idempotent: true}, &out)
+	return &out, err
+}

@@ -1,0 +1,79 @@
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"net/http"
+	"net/url"
+
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// Transactions across islands: the coordinator endpoints (decide, replay,
+// status), the resource manager endpoints a coordinator calls on other
+// islands (prepare, commit, rollback) and the RM registry. Every call is
+// idempotent: a decision, once recorded, never changes.
+
+func (c *Client) postJSON(ctx context.Context, path string, in, out any) error {
+	body, _ := json.Marshal(in)
+	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: path, body: body, idempotent: true}, out)
+	return err
+}
+
+// TxnDecide records a decision (pending, commit or rollback) with the
+// island's coordinator, which applies and fans it out.
+func (c *Client) TxnDecide(ctx context.Context, req wire.TxnDecisionRequest) (*wire.TxnDecisionResponse, error) {
+	var out wire.TxnDecisionResponse
+	return &out, c.postJSON(ctx, "/v1/txn/decide", req, &out)
+}
+
+// TxnPrepare asks an island's resource manager to lock and enlist its
+// participants for the coordinator named in req.
+func (c *Client) TxnPrepare(ctx context.Context, req wire.TxnDecisionRequest) (*wire.TxnDecisionResponse, error) {
+	var out wire.TxnDecisionResponse
+	return &out, c.postJSON(ctx, "/v1/txn/prepare", req, &out)
+}
+
+// TxnApply asks an island's resource manager to apply a decision (req.State
+// commit or rollback) to its participants.
+func (c *Client) TxnApply(ctx context.Context, req wire.TxnDecisionRequest) (*wire.TxnDecisionResponse, error) {
+	path := "/v1/txn/commit"
+	if req.State == wire.TxnStateRollback {
+		path = "/v1/txn/rollback"
+	}
+	var out wire.TxnDecisionResponse
+	return &out, c.postJSON(ctx, path, req, &out)
+}
+
+// TxnReplay applies the recorded decision of txnID again where it is
+// missing.
+func (c *Client) TxnReplay(ctx context.Context, txnID string) (*wire.TxnReplayResponse, error) {
+	var out wire.TxnReplayResponse
+	return &out, c.postJSON(ctx, "/v1/txn/replay", wire.TxnReplayRequest{TxnID: txnID}, &out)
+}
+
+// TxnStatus returns the island's record of a transaction.
+func (c *Client) TxnStatus(ctx context.Context, txnID string) (*wire.TxnStatusResponse, error) {
+	var out wire.TxnStatusResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodGet, path: "/v1/txn/status", query: url.Values{"txn_id": {txnID}},
+		idempotent: true}, &out)
+	return &out, err
+}
+
+// RMRegister adds an RM endpoint for an island to the registry (remove:
+// takes it out).
+func (c *Client) RMRegister(ctx context.Context, req wire.TCRMRegisterRequest, remove bool) (*wire.TCRMRegisterResponse, error) {
+	path := "/v1/tc/rm/register"
+	if remove {
+		path = "/v1/tc/rm/unregister"
+	}
+	var out wire.TCRMRegisterResponse
+	return &out, c.postJSON(ctx, path, req, &out)
+}
+
+// RMList returns the RM registry.
+func (c *Client) RMList(ctx context.Context) (*wire.TCRMListResponse, error) {
+	var out wire.TCRMListResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodGet, path: "/v1/tc/rm/list", idempotent: true}, &out)
+	return &out, err
+}

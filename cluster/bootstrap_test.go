@@ -1,0 +1,286 @@
+package cluster
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+
+	"github.com/raftlockd/raftlockd/fsm"
+)
+
+// openAll opens every configuration at once, as servers started together
+// do, and closes them when the test ends.
+func openAll(t *testing.T, cfgs []Config) []*Node {
+	t.Helper()
+	nodes := make([]*Node, len(cfgs))
+	errs := make([]error, len(cfgs))
+	var wg sync.WaitGroup
+	for i, cfg := range cfgs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			nodes[i], errs[i] = Open(cfg)
+		}()
+	}
+	wg.Wait()
+	for i, n := range nodes {
+		if n != nil {
+			t.Cleanup(func() { n.Close() })
+		}
+		if errs[i] != nil {
+			t.Fatalf("open %s: %v", cfgs[i].NodeID, errs[i])
+		}
+	}
+	return nodes
+}
+
+// sameFlags returns configurations for servers that all join each other's
+// gossip addresses and expect the same count.
+func sameFlags(t *testing.T, ids []string, expect int) []Config {
+	var cfgs []Config
+	var join []string
+	for _, id := range ids {
+		cfg := gossipConfig(t, id, expect, nil)
+		cfgs = append(cfgs, cfg)
+		join = append(join, cfg.Gossip.Bind)
+	}
+	for i := range cfgs {
+		cfgs[i].Gossip.Join = join
+	}
+	return cfgs
+}
+
+func countVoters(t *testing.T, n *Node) int {
+	c := 0
+	for _, isVoter := range voters(t, n) {
+		if isVoter {
+			c++
+		}
+	}
+	return c
+}
+
+func TestSimultaneousStartBootstrapsOnce(t *testing.T) {
+	nodes := openAll(t, sameFlags(t, []string{"n1", "n2", "n3"}, 3))
+	leader := leaderWithin(t, nodes)
+	waitFor(t, 10*time.Second, "every node to hold the configuration", func() bool {
+		for _, n := range nodes {
+			if !n.HasState() {
+				return false
+			}
+		}
+		return true
+	})
+	bootstraps := 0
+	for _, n := range nodes {
+		if n.gossip.bootstrapped.Load() {
+			bootstraps++
+			if v := n.gossip.bootVoters.Load(); v != 3 {
+				t.Fatalf("%s bootstrapped %d voters, want 3", n.ID(), v)
+			}
+		}
+	}
+	if bootstraps != 1 {
+		t.Fatalf("%d bootstraps, want 1", bootstraps)
+	}
+	if c := countVoters(t, leader); c != 3 {
+		t.Fatalf("%d voters, want 3", c)
+	}
+}
+
+// Four servers started together with --bootstrap-expect 3 never make two
+// clusters, and no bootstrap names more than three voters; the operator's
+// remedy (restart the extra server with --bootstrap-expect 0) forms one
+// cluster of all four.
+func TestMoreServersThanExpectedNeverSplit(t *testing.T) {
+	cfgs := sameFlags(t, []string{"n1", "n2", "n3", "n4"}, 3)
+	for i := range cfgs {
+		// A server added after the bootstrap stays a non-voter here, so
+		// the voter count shows what was bootstrapped.
+		cfgs[i].Gossip.ServerStabilization = time.Hour
+	}
+	nodes := openAll(t, cfgs)
+	check := func() {
+		t.Helper()
+		bootstraps, hashes := 0, map[string]bool{}
+		for _, n := range nodes {
+			if n == nil {
+				continue // the extra server, while it is down
+			}
+			if n.gossip.bootstrapped.Load() {
+				bootstraps++
+				if v := n.gossip.bootVoters.Load(); v != 3 {
+					t.Fatalf("%s bootstrapped %d voters, want 3", n.ID(), v)
+				}
+			}
+			if n.HasState() {
+				if c := countVoters(t, n); c > 3 {
+					t.Fatalf("%s holds a configuration of %d voters", n.ID(), c)
+				}
+			}
+			if h := n.FSM().BackendHash(); h != "" {
+				hashes[h] = true
+			}
+		}
+		if bootstraps > 1 || len(hashes) > 1 {
+			t.Fatalf("%d bootstraps, %d islands", bootstraps, len(hashes))
+		}
+	}
+	formed := false
+	waitFor(t, 20*time.Second, "the four servers to settle", func() bool {
+		check()
+		waiting := 0
+		for _, n := range nodes {
+			if n.HasState() {
+				formed = true
+			} else if n.gossip.tooMany.Load() == 4 {
+				waiting++
+			}
+		}
+		return formed || waiting == len(nodes)
+	})
+	if !formed {
+		// Nothing bootstrapped: every server reported the extra one. The
+		// extra server is restarted to only join.
+		if err := nodes[3].Close(); err != nil {
+			t.Fatal(err)
+		}
+		nodes[3] = nil
+		cfg := cfgs[3]
+		cfg.Gossip.BootstrapExpect = 0
+		waitFor(t, 30*time.Second, "the three others to bootstrap", func() bool {
+			check()
+			return currentLeader(nodes[:3]) != nil
+		})
+		nodes[3] = openNode(t, cfg)
+	}
+	waitFor(t, 30*time.Second, "one cluster of four", func() bool {
+		check()
+		l := currentLeader(nodes)
+		return l != nil && len(voters(t, l)) == 4
+	})
+	check()
+}
+
+// A whole cluster restarted with the same flags resumes; nothing
+// bootstraps again, and its servers refuse to promise a new bootstrap.
+func TestWholeClusterRestartDoesNotBootstrapAgain(t *testing.T) {
+	cfgs := sameFlags(t, []string{"n1", "n2", "n3"}, 3)
+	nodes := openAll(t, cfgs)
+	leader := leaderWithin(t, nodes)
+	acquire(t, leader, "before-restart")
+	hash := leader.FSM().BackendHash()
+	waitFor(t, 10*time.Second, "the key to reach every node", func() bool {
+		for _, n := range nodes {
+			ok := false
+			_ = n.ReadStale(context.Background(), func(v *fsm.View) error { _, ok = v.Key("default", "before-restart"); return nil })
+			if !ok {
+				return false
+			}
+		}
+		return true
+	})
+	for _, n := range nodes {
+		if err := n.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nodes = openAll(t, cfgs)
+	leader = leaderWithin(t, nodes)
+	if !hasKey(t, leader, "before-restart") {
+		t.Fatal("the restarted cluster lost an acknowledged write")
+	}
+	for _, n := range nodes {
+		if n.gossip.bootstrapped.Load() {
+			t.Fatalf("%s bootstrapped again", n.ID())
+		}
+		if h := n.FSM().BackendHash(); h != hash {
+			t.Fatalf("%s is on island %q, want %q", n.ID(), h, hash)
+		}
+		var servers []raft.Server
+		for _, m := range nodes {
+			servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(m.ID()), Address: raft.ServerAddress(m.RaftAddr())})
+		}
+		var reply PromiseReply
+		if err := leader.peers.call(context.Background(), n.RaftAddr(), "Promise", PromiseArgs{Servers: servers}, &reply); err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(reply.Refused, "Raft state") {
+			t.Fatalf("%s answered a bootstrap promise with %q", n.ID(), reply.Refused)
+		}
+	}
+	if c := countVoters(t, leader); c != 3 {
+		t.Fatalf("%d voters after the restart", c)
+	}
+}
+
+// A server promises one bootstrap configuration at a time, only one that
+// names it and matches what it sees, and only while it has no Raft state.
+func TestBootstrapPromises(t *testing.T) {
+	cfgs := sameFlags(t, []string{"n1", "n2"}, 3)
+	nodes := openAll(t, cfgs)
+	n1, n2 := nodes[0], nodes[1]
+	waitFor(t, 10*time.Second, "the two servers to see each other", func() bool {
+		return len(n1.Members()) == 2 && len(n2.Members()) == 2
+	})
+	srv := func(id, addr string) raft.Server {
+		return raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(id), Address: raft.ServerAddress(addr)}
+	}
+	self := srv("n1", n1.RaftAddr())
+	peer := srv("n2", n2.RaftAddr())
+	x := []raft.Server{self, peer, srv("n3", "127.0.0.1:1")}
+	y := []raft.Server{srv("n4", "127.0.0.1:4"), peer, self}
+	// Asked over the cluster port, as the bootstrapping server does.
+	ask := func(servers []raft.Server, release bool) string {
+		t.Helper()
+		var reply PromiseReply
+		if err := n2.peers.call(context.Background(), n1.RaftAddr(), "Promise", PromiseArgs{Servers: servers, Release: release}, &reply); err != nil {
+			t.Fatal(err)
+		}
+		return reply.Refused
+	}
+	if r := ask(x, false); r != "" {
+		t.Fatalf("first promise refused: %s", r)
+	}
+	if r := ask([]raft.Server{x[2], x[0], x[1]}, false); r != "" {
+		t.Fatalf("the same configuration in another order: %s", r)
+	}
+	if r := ask(y, false); !strings.Contains(r, "promised another") {
+		t.Fatalf("a second configuration: %q", r)
+	}
+	if r := ask(x, true); r != "" {
+		t.Fatalf("release: %s", r)
+	}
+	if r := ask(y, false); r != "" {
+		t.Fatalf("after the release: %s", r)
+	}
+	// A promise that was never followed by a bootstrap expires.
+	n1.gossip.promiseMu.Lock()
+	n1.gossip.promise.until = time.Now().Add(-time.Millisecond)
+	n1.gossip.promiseMu.Unlock()
+	if r := ask(x, false); r != "" {
+		t.Fatalf("after the promise expired: %s", r)
+	}
+	if r := ask(x, true); r != "" {
+		t.Fatalf("release: %s", r)
+	}
+	for name, servers := range map[string][]raft.Server{
+		"too few servers":            {self, peer},
+		"not naming it":              {peer, srv("n3", "127.0.0.1:3"), srv("n4", "127.0.0.1:4")},
+		"another address for it":     {srv("n1", "127.0.0.1:9"), peer, srv("n3", "127.0.0.1:3")},
+		"leaving out a waiting peer": {self, srv("n3", "127.0.0.1:3"), srv("n4", "127.0.0.1:4")},
+	} {
+		if r := ask(servers, false); r == "" {
+			t.Fatalf("%s: promised", name)
+		}
+	}
+	for _, n := range nodes {
+		if n.HasState() {
+			t.Fatalf("%s bootstrapped with two of three servers", n.ID())
+		}
+	}
+}

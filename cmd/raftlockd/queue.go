@@ -1,0 +1,402 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"strconv"
+	"strings"
+
+	"github.com/spf13/cobra"
+
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// queueEnv prefixes the variables `client queue dequeue` exports for the
+// delivery it leased, which ack, nack and extend read.
+const queueEnv = "RAFTLOCKD_QUEUE_"
+
+// deliveryVars are the variables dequeue exports, in the order it prints
+// them; ack and nack unset them.
+var deliveryVars = []string{"NAMESPACE", "NAME", "MESSAGE_ID", "LEASE", "FENCING_TOKEN", "TXN_ID", "ATTEMPTS",
+	"FAILURE_ATTEMPTS", "MAX_ATTEMPTS", "LEASE_EXPIRES_AT", "CONTENT_TYPE", "PAYLOAD_BYTES", "PAYLOAD_FILE",
+	"STATE_KEY", "STATE_LEASE", "STATE_TXN_ID", "STATE_FENCING_TOKEN", "STATE_FILE"}
+
+func newQueueCmd(opts *clientOpts) *cobra.Command {
+	cmd := &cobra.Command{Use: "queue", Short: "Enqueue, dequeue, ack, nack and extend queue messages"}
+	for _, sub := range []*cobra.Command{newEnqueueCmd(opts), newDequeueCmd(opts), newAckCmd(opts), newNackCmd(opts),
+		newExtendCmd(opts), newQueueStatsCmd(opts)} {
+		bindEnv(sub, clientEnv)
+		if sub.Flags().Lookup("message-id") != nil {
+			preferQueueNamespace(sub)
+		}
+		cmd.AddCommand(sub)
+	}
+	return cmd
+}
+
+// preferQueueNamespace makes RAFTLOCKD_QUEUE_NAMESPACE, the namespace of the
+// delivery dequeue exported, win over RAFTLOCKD_CLIENT_NAMESPACE; --namespace
+// wins over both.
+func preferQueueNamespace(cmd *cobra.Command) {
+	bound := cmd.PreRunE
+	cmd.PreRunE = func(c *cobra.Command, args []string) error {
+		if ns := c.Flags().Lookup("namespace"); ns != nil && !ns.Changed {
+			if v, ok := os.LookupEnv(queueEnv + "NAMESPACE"); ok {
+				if err := c.Flags().Set("namespace", v); err != nil {
+					return fmt.Errorf("%sNAMESPACE: %w", queueEnv, err)
+				}
+			}
+		}
+		if bound != nil {
+			return bound(c, args)
+		}
+		return nil
+	}
+}
+
+// deliveryFlags name a leased message; `dequeue` exports them.
+type deliveryFlags struct {
+	queue   string
+	id      string
+	lease   string
+	fencing int64
+}
+
+// register adds the flags, read from the RAFTLOCKD_QUEUE_* variables (not
+// the RAFTLOCKD_CLIENT_* ones, which name a key's lease).
+func (d *deliveryFlags) register(cmd *cobra.Command) {
+	f := cmd.Flags()
+	f.StringVar(&d.queue, "queue", "", "queue of the delivery")
+	f.StringVar(&d.id, "message-id", "", "message id (from dequeue)")
+	f.StringVar(&d.lease, "lease", "", "the delivery's lease id (from dequeue)")
+	f.Int64Var(&d.fencing, "fencing-token", 0, "the delivery's fencing token (from dequeue)")
+	for flag, env := range map[string]string{"queue": "NAME", "message-id": "MESSAGE_ID", "lease": "LEASE", "fencing-token": "FENCING_TOKEN"} {
+		_ = f.SetAnnotation(flag, envAnnotation, []string{queueEnv + env})
+	}
+}
+
+func printExports(w io.Writer, prefix string, kvs [][2]string) {
+	for _, kv := range kvs {
+		fmt.Fprintf(w, "export %s%s=%s\n", prefix, kv[0], shellQuote(kv[1]))
+	}
+}
+
+func printUnset(w io.Writer) {
+	names := make([]string, len(deliveryVars))
+	for i, n := range deliveryVars {
+		names[i] = queueEnv + n
+	}
+	fmt.Fprintf(w, "unset %s\n", strings.Join(names, " "))
+}
+
+func newEnqueueCmd(opts *clientOpts) *cobra.Command {
+	var queue, delay, visibility, ttl, attributes, contentType, txnID, idem string
+	var maxAttempts int
+	cmd := &cobra.Command{
+		Use:   "enqueue [FILE|-]",
+		Short: "Enqueue a message whose payload is read from FILE or stdin",
+		Long: `Enqueue a message. The payload is read from FILE, or from stdin when no
+file (or -) is given. With --txn-id the message is staged in that
+transaction and appears when it commits. Prints the enqueue answer as JSON.`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			req := wire.EnqueueRequest{Namespace: opts.namespace, Queue: queue, MaxAttempts: maxAttempts,
+				PayloadContentType: contentType, TxnID: txnID}
+			for _, d := range []struct {
+				flag, val string
+				dst       *int64
+			}{{"--delay", delay, &req.DelaySeconds}, {"--visibility", visibility, &req.VisibilityTimeoutSeconds},
+				{"--message-ttl", ttl, &req.TTLSeconds}} {
+				n, err := parseSeconds(d.val)
+				if err != nil {
+					return fmt.Errorf("%s: %w", d.flag, err)
+				}
+				*d.dst = n
+			}
+			if attributes != "" {
+				if !json.Valid([]byte(attributes)) {
+					return fmt.Errorf("--attributes: not JSON")
+				}
+				req.Attributes = json.RawMessage(attributes)
+			}
+			payload, err := readInput(cmd, args)
+			if err != nil {
+				return err
+			}
+			c, ctx, cancel, err := opts.open(cmd)
+			defer cancel()
+			if err != nil {
+				return err
+			}
+			if idem == "" {
+				idem = defaultIdempotencyKey()
+			}
+			out, err := c.EnqueueWithKey(ctx, req, payload, idem)
+			if err != nil {
+				return err
+			}
+			return printJSON(cmd.OutOrStdout(), out)
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&queue, "queue", "", "queue")
+	f.StringVar(&delay, "delay", "0", "keep the message invisible this long, e.g. 10s")
+	f.StringVar(&visibility, "visibility", "0", "how long a delivery stays leased, e.g. 30s (0: server default)")
+	f.StringVar(&ttl, "message-ttl", "0", "drop the message when not delivered within this time, e.g. 1h (0: keep)")
+	f.IntVar(&maxAttempts, "max-attempts", 0, "failed deliveries before the message moves to <queue>.dlq (0: server default)")
+	f.StringVar(&attributes, "attributes", "", `JSON object stored with the message, e.g. '{"kind":"mail"}'`)
+	f.StringVar(&contentType, "content-type", "", "media type of the payload")
+	f.StringVar(&txnID, "txn-id", "", "stage the message in this transaction (visible when it commits)")
+	f.StringVar(&idem, "idempotency-key", "", "request identity; retries with the same key enqueue once")
+	return cmd
+}
+
+func newDequeueCmd(opts *clientOpts) *cobra.Command {
+	var queue, owner, visibility, wait, txnID, payloadFile string
+	var withState bool
+	cmd := &cobra.Command{
+		Use:   "dequeue",
+		Short: "Lease the next message of a queue and print shell exports for it",
+		Long: `Lease the next message of a queue and print export lines, so that
+
+    eval "$(raftlockd client queue dequeue --queue jobs)"
+    cat "$RAFTLOCKD_QUEUE_PAYLOAD_FILE"
+    raftlockd client queue ack
+
+works from the environment: RAFTLOCKD_QUEUE_NAMESPACE, _NAME, _MESSAGE_ID,
+_LEASE, _FENCING_TOKEN and _TXN_ID name the delivery; the payload is
+written to a file (a new temporary file unless --payload-file is given)
+named by RAFTLOCKD_QUEUE_PAYLOAD_FILE. With --with-state the message's state
+sidecar is leased too: RAFTLOCKD_QUEUE_STATE_KEY, _STATE_LEASE,
+_STATE_TXN_ID and _STATE_FENCING_TOKEN name it for 'client update', and its
+committed document is written to RAFTLOCKD_QUEUE_STATE_FILE (empty when it
+has none). With --txn-id (or RAFTLOCKD_CLIENT_TXN_ID) the delivery is
+enlisted in that transaction: committing it acknowledges the message.
+When no message comes within --wait the command fails with "waiting".`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			vis, err := parseSeconds(visibility)
+			if err != nil {
+				return fmt.Errorf("--visibility: %w", err)
+			}
+			waitSecs, err := parseSeconds(wait)
+			if err != nil {
+				return fmt.Errorf("--wait: %w", err)
+			}
+			c, ctx, cancel, err := opts.open(cmd)
+			defer cancel()
+			if err != nil {
+				return err
+			}
+			req := wire.DequeueRequest{Namespace: opts.namespace, Queue: queue, Owner: owner, VisibilityTimeoutSeconds: vis,
+				WaitSeconds: waitSecs, TxnID: txnID}
+			dequeue := c.Dequeue
+			if withState {
+				dequeue = c.DequeueWithState
+			}
+			d, err := dequeue(ctx, req)
+			if err != nil {
+				return err
+			}
+			path, err := writeFile(payloadFile, "raftlockd-payload-*", d.Payload)
+			if err != nil {
+				return fmt.Errorf("writing the payload (the message stays leased until its lease runs out): %w", err)
+			}
+			m := d.Message
+			kvs := [][2]string{{"NAMESPACE", m.Namespace}, {"NAME", m.Queue}, {"MESSAGE_ID", m.MessageID},
+				{"LEASE", m.LeaseID}, {"FENCING_TOKEN", strconv.FormatInt(m.FencingToken, 10)}, {"TXN_ID", m.TxnID},
+				{"ATTEMPTS", strconv.Itoa(m.Attempts)}, {"FAILURE_ATTEMPTS", strconv.Itoa(m.FailureAttempts)},
+				{"MAX_ATTEMPTS", strconv.Itoa(m.MaxAttempts)}, {"LEASE_EXPIRES_AT", strconv.FormatInt(m.LeaseExpiresAtUnix, 10)},
+				{"CONTENT_TYPE", m.PayloadContentType}, {"PAYLOAD_BYTES", strconv.FormatInt(m.PayloadBytes, 10)},
+				{"PAYLOAD_FILE", path}}
+			if ref, ok := d.StateRef(); ok {
+				var state []byte
+				if d.State != nil {
+					state = d.State.Body
+				}
+				statePath, err := writeFile("", "raftlockd-state-*", state)
+				if err != nil {
+					return fmt.Errorf("writing the state: %w", err)
+				}
+				kvs = append(kvs, [2]string{"STATE_KEY", ref.Key}, [2]string{"STATE_LEASE", ref.LeaseID},
+					[2]string{"STATE_TXN_ID", ref.TxnID}, [2]string{"STATE_FENCING_TOKEN", strconv.FormatInt(ref.FencingToken, 10)},
+					[2]string{"STATE_FILE", statePath})
+			}
+			printExports(cmd.OutOrStdout(), queueEnv, kvs)
+			return nil
+		},
+	}
+	f := cmd.Flags()
+	f.StringVar(&queue, "queue", "", "queue")
+	f.StringVar(&owner, "owner", defaultOwner(), "owner recorded on the delivery")
+	f.StringVar(&visibility, "visibility", "0", "how long the delivery stays leased, e.g. 30s (0: the message's own)")
+	f.StringVar(&wait, "wait", "0", "how long to wait for a message, e.g. 10s (0: server maximum, -1: do not wait)")
+	f.StringVar(&txnID, "txn-id", "", "enlist the delivery in this transaction")
+	f.BoolVar(&withState, "with-state", false, "also lease the message's state sidecar")
+	f.StringVar(&payloadFile, "payload-file", "", "write the payload to this file (default: a new temporary file)")
+	return cmd
+}
+
+// writeFile writes data to path, or to a new temporary file named after
+// pattern when path is empty, and returns the file's path.
+func writeFile(path, pattern string, data []byte) (string, error) {
+	var f *os.File
+	var err error
+	if path == "" {
+		f, err = os.CreateTemp("", pattern)
+	} else {
+		f, err = os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_TRUNC, 0o600)
+	}
+	if err != nil {
+		return "", err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return "", err
+	}
+	return f.Name(), f.Close()
+}
+
+func (d *deliveryFlags) ack(ns string) wire.AckRequest {
+	return wire.AckRequest{Namespace: ns, Queue: d.queue, MessageID: d.id, LeaseID: d.lease, FencingToken: d.fencing}
+}
+
+func newAckCmd(opts *clientOpts) *cobra.Command {
+	var d deliveryFlags
+	cmd := &cobra.Command{
+		Use:   "ack",
+		Short: "Acknowledge a delivery: the message (and its state sidecar) is removed",
+		Long: `Acknowledge the delivery named by the flags or by the RAFTLOCKD_QUEUE_*
+variables dequeue exported. A delivery enlisted in a transaction is
+acknowledged by committing that transaction. Prints an unset line for the
+delivery variables, so that eval "$(raftlockd client queue ack)" clears them.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, ctx, cancel, err := opts.open(cmd)
+			defer cancel()
+			if err != nil {
+				return err
+			}
+			if _, err := c.Ack(ctx, d.ack(opts.namespace)); err != nil {
+				return err
+			}
+			printUnset(cmd.OutOrStdout())
+			return nil
+		},
+	}
+	d.register(cmd)
+	return cmd
+}
+
+func newNackCmd(opts *clientOpts) *cobra.Command {
+	var d deliveryFlags
+	var delay, lastError string
+	var deferred bool
+	cmd := &cobra.Command{
+		Use:   "nack",
+		Short: "Hand a delivery back to its queue (after --delay)",
+		Long: `Hand the delivery back: it becomes visible again after --delay. A failure
+(the default) counts against the message's max_attempts, and the last
+allowed one moves it to the dead-letter queue <queue>.dlq; --defer hands it
+back without counting. Prints an unset line for the delivery variables.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			secs, err := parseSeconds(delay)
+			if err != nil {
+				return fmt.Errorf("--delay: %w", err)
+			}
+			a := d.ack(opts.namespace)
+			req := wire.NackRequest{Namespace: a.Namespace, Queue: a.Queue, MessageID: a.MessageID, LeaseID: a.LeaseID,
+				FencingToken: a.FencingToken, DelaySeconds: secs, Intent: wire.NackIntentFailure}
+			if deferred {
+				req.Intent = wire.NackIntentDefer
+			}
+			if lastError != "" {
+				if !json.Valid([]byte(lastError)) {
+					raw, _ := json.Marshal(lastError)
+					lastError = string(raw)
+				}
+				req.LastError = json.RawMessage(lastError)
+			}
+			c, ctx, cancel, err := opts.open(cmd)
+			defer cancel()
+			if err != nil {
+				return err
+			}
+			out, err := c.Nack(ctx, req)
+			if err != nil {
+				return err
+			}
+			if out.DeadLetterQueue != "" {
+				fmt.Fprintf(cmd.ErrOrStderr(), "message moved to %s\n", out.DeadLetterQueue)
+			}
+			printUnset(cmd.OutOrStdout())
+			return nil
+		},
+	}
+	d.register(cmd)
+	f := cmd.Flags()
+	f.StringVar(&delay, "delay", "0", "keep the message invisible this long, e.g. 10s")
+	f.BoolVar(&deferred, "defer", false, "hand back without counting a failed attempt")
+	f.StringVar(&lastError, "last-error", "", "why the delivery failed (JSON, or text stored as a JSON string)")
+	return cmd
+}
+
+func newExtendCmd(opts *clientOpts) *cobra.Command {
+	var d deliveryFlags
+	var by string
+	cmd := &cobra.Command{
+		Use:   "extend",
+		Short: "Extend a delivery's lease (and its state sidecar's)",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			secs, err := parseSeconds(by)
+			if err != nil {
+				return fmt.Errorf("--by: %w", err)
+			}
+			a := d.ack(opts.namespace)
+			c, ctx, cancel, err := opts.open(cmd)
+			defer cancel()
+			if err != nil {
+				return err
+			}
+			out, err := c.Extend(ctx, wire.ExtendRequest{Namespace: a.Namespace, Queue: a.Queue, MessageID: a.MessageID,
+				LeaseID: a.LeaseID, FencingToken: a.FencingToken, ExtendBySeconds: secs})
+			if err != nil {
+				return err
+			}
+			printExports(cmd.OutOrStdout(), queueEnv, [][2]string{{"LEASE_EXPIRES_AT", strconv.FormatInt(out.LeaseExpiresAtUnix, 10)}})
+			return nil
+		},
+	}
+	d.register(cmd)
+	cmd.Flags().StringVar(&by, "by", "0", "new lease length from now, e.g. 60s (0: the message's visibility timeout)")
+	return cmd
+}
+
+func newQueueStatsCmd(opts *clientOpts) *cobra.Command {
+	var queue string
+	var stale bool
+	cmd := &cobra.Command{
+		Use:   "stats",
+		Short: "Print a queue's counts and head message as JSON",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			c, ctx, cancel, err := opts.open(cmd)
+			defer cancel()
+			if err != nil {
+				return err
+			}
+			out, err := c.QueueStats(ctx, opts.namespace, queue, stale)
+			if err != nil {
+				return err
+			}
+			return printJSON(cmd.OutOrStdout(), out)
+		},
+	}
+	cmd.Flags().StringVar(&queue, "queue", "", "queue")
+	cmd.Flags().BoolVar(&stale, "stale", false, "read from the server's own copy, without asking the leader (may be behind)")
+	return cmd
+}

@@ -1,0 +1,94 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// TestCLIQueue drives the queue commands from bash the way an operator
+// would: enqueue from stdin and from a file, eval dequeue, ack, nack and
+// extend from the exported environment.
+func TestCLIQueue(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	out := bash(t, srv.clientEnv("TMPDIR="+t.TempDir()), `
+printf 'hello queue' | raftlockd client queue enqueue --queue jobs --attributes '{"k":1}' --content-type text/plain >/dev/null
+printf 'second' > "$TMPDIR/p2"
+raftlockd client queue enqueue --queue jobs "$TMPDIR/p2" >/dev/null
+eval "$(raftlockd client queue dequeue --queue jobs --wait -1)"
+echo "PAYLOAD=$(cat "$RAFTLOCKD_QUEUE_PAYLOAD_FILE")"
+for v in NAMESPACE NAME MESSAGE_ID LEASE FENCING_TOKEN ATTEMPTS CONTENT_TYPE PAYLOAD_BYTES; do
+  n="RAFTLOCKD_QUEUE_$v"; echo "$v=${!n}"
+done
+raftlockd client queue extend --by 60s | sed 's/^export RAFTLOCKD_QUEUE_/EXTENDED_/'
+eval "$(raftlockd client queue ack)"
+echo "CLEARED=${RAFTLOCKD_QUEUE_LEASE:-none}/${RAFTLOCKD_QUEUE_MESSAGE_ID:-none}"
+
+eval "$(raftlockd client queue dequeue --queue jobs --wait 5s --payload-file "$TMPDIR/out")"
+echo "SECOND=$(cat "$TMPDIR/out") FILE=$RAFTLOCKD_QUEUE_PAYLOAD_FILE"
+raftlockd client queue nack --defer >/dev/null
+# The variables still name the delivery nack handed back: a stale lease.
+if raftlockd client queue ack 2>"$TMPDIR/err"; then echo "STALE=accepted"; else echo "STALE=$(cat "$TMPDIR/err")"; fi
+echo "STATS=$(raftlockd client queue stats --queue jobs | tr -d '\n')"
+eval "$(raftlockd client queue dequeue --queue jobs --wait -1)"
+echo "AGAIN=$(cat "$RAFTLOCKD_QUEUE_PAYLOAD_FILE") ATTEMPTS=$RAFTLOCKD_QUEUE_ATTEMPTS FAILURES=$RAFTLOCKD_QUEUE_FAILURE_ATTEMPTS"
+raftlockd client queue nack --last-error 'disk full' 2>/dev/null >/dev/null
+eval "$(raftlockd client queue dequeue --queue jobs --wait -1)"
+echo "FAILED_ONCE=$RAFTLOCKD_QUEUE_FAILURE_ATTEMPTS"
+eval "$(raftlockd client queue ack)"
+if raftlockd client queue dequeue --queue jobs --wait -1 >/dev/null 2>"$TMPDIR/err"; then echo "EMPTY=delivered"; else echo "EMPTY=$(cat "$TMPDIR/err")"; fi
+
+# A stateful delivery: the sidecar is updated like any key, kept by nack.
+printf 'flow' | raftlockd client queue enqueue --queue flows >/dev/null
+eval "$(raftlockd client queue dequeue --queue flows --wait -1 --with-state)"
+echo "STATE_KEY=$RAFTLOCKD_QUEUE_STATE_KEY"
+echo "STATE_BEFORE=$(cat "$RAFTLOCKD_QUEUE_STATE_FILE")"
+echo '{"step":1}' | raftlockd client update --key "$RAFTLOCKD_QUEUE_STATE_KEY" --lease "$RAFTLOCKD_QUEUE_STATE_LEASE" \
+  --txn-id "$RAFTLOCKD_QUEUE_STATE_TXN_ID" --fencing-token "$RAFTLOCKD_QUEUE_STATE_FENCING_TOKEN" >/dev/null
+eval "$(raftlockd client queue nack --defer)"
+eval "$(raftlockd client queue dequeue --queue flows --wait -1 --with-state)"
+echo "STATE_AFTER=$(cat "$RAFTLOCKD_QUEUE_STATE_FILE")"
+eval "$(raftlockd client queue ack)"
+
+# Transactions: an enqueue joins the shell's transaction and appears when it commits.
+eval "$(raftlockd client acquire --key k)"
+printf 'staged' | raftlockd client queue enqueue --queue tx >/dev/null
+if raftlockd client queue dequeue --queue tx --wait -1 >/dev/null 2>&1; then echo "BEFORE_COMMIT=delivered"; else echo "BEFORE_COMMIT=waiting"; fi
+eval "$(raftlockd client release)"
+eval "$(raftlockd client queue dequeue --queue tx --wait -1)"
+echo "COMMITTED=$(cat "$RAFTLOCKD_QUEUE_PAYLOAD_FILE")"
+eval "$(raftlockd client queue ack)"
+`)
+	v := parseLines(out)
+	for name, want := range map[string]string{"PAYLOAD": "hello queue", "NAMESPACE": "default", "NAME": "jobs",
+		"FENCING_TOKEN": "1", "ATTEMPTS": "1", "CONTENT_TYPE": "text/plain", "PAYLOAD_BYTES": "11",
+		"CLEARED": "none/none", "AGAIN": "second ATTEMPTS=2 FAILURES=0", "FAILED_ONCE": "1",
+		"STATE_BEFORE": "", "STATE_AFTER": `{"step":1}`,
+		"BEFORE_COMMIT": "waiting", "COMMITTED": "staged"} {
+		if v[name] != want {
+			t.Errorf("%s = %q, want %q (output:\n%s)", name, v[name], want, out)
+		}
+	}
+	if v["MESSAGE_ID"] == "" || v["LEASE"] == "" || v["EXTENDED_LEASE_EXPIRES_AT"] == "" {
+		t.Errorf("delivery variables missing: %v", v)
+	}
+	if !strings.HasPrefix(v["SECOND"], "second FILE=") || !strings.HasSuffix(v["SECOND"], "/out") {
+		t.Errorf("SECOND = %q", v["SECOND"])
+	}
+	if !strings.Contains(v["STALE"], "queue_message_lease_mismatch") {
+		t.Errorf("ack of a handed-back delivery: %q", v["STALE"])
+	}
+	if !strings.Contains(v["EMPTY"], "waiting") {
+		t.Errorf("dequeue of an empty queue: %q", v["EMPTY"])
+	}
+	if !strings.HasPrefix(v["STATE_KEY"], "q/flows/state/") || len(v["STATE_KEY"]) == len("q/flows/state/") {
+		t.Errorf("state key %q", v["STATE_KEY"])
+	}
+	var st wire.QueueStatsResponse
+	if err := json.Unmarshal([]byte(v["STATS"]), &st); err != nil || st.Queue != "jobs" || st.Ready != 1 || !st.Available {
+		t.Errorf("stats %q: %+v %v", v["STATS"], st, err)
+	}
+}

@@ -1,0 +1,366 @@
+package fsm
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/raftlockd/raftlockd/errcode"
+)
+
+func enq(queue, id, body string) *Command {
+	return &Command{Op: OpEnqueue, Enqueue: &EnqueueCmd{Namespace: "default", Queue: queue, ID: id, Visibility: 10_000,
+		MaxAttempts: 2, Payload: []byte(body)}}
+}
+
+func deq(queue, req string, wait int64) *Command {
+	return &Command{Op: OpDequeue, Dequeue: &DequeueCmd{Namespace: "default", Queue: queue, Owner: "o-" + req,
+		RequestID: req, LeaseID: "ql-" + req, Wait: wait, Node: "n2"}}
+}
+
+func ref(m *MessageInfo) MessageRef {
+	return MessageRef{Namespace: m.Namespace, Queue: m.Queue, ID: m.ID, LeaseID: m.Lease.ID, Token: m.Lease.Token}
+}
+
+func mustDeliver(t *testing.T, r *Result) *MessageInfo {
+	t.Helper()
+	if r.Err != nil || r.Queue == nil || r.Queue.Message == nil || r.Queue.Message.Lease == nil {
+		t.Fatalf("expected a delivery, got %+v (err %v)", r, r.Err)
+	}
+	return r.Queue.Message
+}
+
+func (h *harness) stats(queue string) QueueStats {
+	var st QueueStats
+	_ = h.f.View(func(v *View) error { st = v.QueueStats("default", queue); return nil })
+	return st
+}
+
+func TestQueueFIFOAckAndStaleDeliveries(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	for i := 1; i <= 3; i++ {
+		if r := h.one(enq("q", fmt.Sprintf("m%d", i), fmt.Sprintf("body%d", i))); r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	// A retried enqueue (same id) adds nothing.
+	h.one(enq("q", "m1", "body1"))
+	if st := h.stats("q"); st.Ready != 3 || st.Head.ID != "m1" {
+		t.Fatalf("stats: %+v", st)
+	}
+	m1 := mustDeliver(t, h.one(deq("q", "r1", 0)))
+	m2 := mustDeliver(t, h.one(deq("q", "r2", 0)))
+	if m1.ID != "m1" || m2.ID != "m2" || m1.Lease.Token != 1 || m1.Attempts != 1 {
+		t.Fatalf("FIFO: %+v %+v", m1, m2)
+	}
+	var body string
+	_ = h.f.View(func(v *View) error { body = string(v.MessageBody("default", "q", "m1")); return nil })
+	if body != "body1" {
+		t.Fatalf("body %q", body)
+	}
+	// A stale lease or token is refused and changes nothing.
+	bad := ref(m1)
+	bad.Token = 7
+	wantCode(t, h.one(&Command{Op: OpQAck, QAck: &QueueAckCmd{MessageRef: bad}}), errcode.QueueLeaseMismatch)
+	bad = ref(m1)
+	bad.LeaseID = "other"
+	wantCode(t, h.one(&Command{Op: OpQAck, QAck: &QueueAckCmd{MessageRef: bad}}), errcode.QueueLeaseMismatch)
+	if r := h.one(&Command{Op: OpQAck, QAck: &QueueAckCmd{MessageRef: ref(m1)}}); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	wantCode(t, h.one(&Command{Op: OpQAck, QAck: &QueueAckCmd{MessageRef: ref(m1)}}), errcode.QueueMessageNotFound)
+	if st := h.stats("q"); st.Ready != 1 || st.InFlight != 1 || st.Head.ID != "m3" {
+		t.Fatalf("after ack: %+v", st)
+	}
+	mustDeliver(t, h.one(deq("q", "r3", 0)))
+	wantCode(t, h.one(deq("q", "r4", 0)), errcode.QueueEmpty)
+}
+
+func TestWaitingDequeueGetsTheNextMessageInTheSameStep(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	if r := h.one(deq("q", "w1", 5_000)); r.Err != nil || !r.Queue.Queued {
+		t.Fatalf("wait: %+v", r)
+	}
+	h.one(deq("q", "w2", 5_000))
+	h.rec.events = nil
+	h.one(enq("q", "m1", "x"))
+	delivered := events(h, EventDelivered)
+	if e := delivered["w1"]; e == nil || e.Message.ID != "m1" || e.Node != "n2" || e.Message.Lease.ID != "ql-w1" {
+		t.Fatalf("first waiter: %+v", delivered)
+	}
+	if delivered["w2"] != nil {
+		t.Fatal("one message went to two consumers")
+	}
+	if st := h.stats("q"); st.Waiting != 1 || st.InFlight != 1 {
+		t.Fatalf("stats: %+v", st)
+	}
+	// The second waiter gives up at its deadline.
+	h.now += 6_000
+	h.rec.events = nil
+	h.one(sweep())
+	if e := events(h, EventWaitEnded)["w2"]; e == nil || e.Err.Code != errcode.QueueEmpty.Code {
+		t.Fatalf("w2: %+v", e)
+	}
+	// A cancelled waiter is not handed anything.
+	h.one(deq("q", "w3", 5_000))
+	h.one(&Command{Op: OpQCancel, QCancel: &QueueCancelCmd{Namespace: "default", Queue: "q", RequestID: "w3"}})
+	h.one(enq("q", "m2", "y"))
+	if st := h.stats("q"); st.Ready != 1 || st.Waiting != 0 {
+		t.Fatalf("after cancel: %+v", st)
+	}
+}
+
+func TestNackDelayDeferExpiryAndDeadLetters(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(enq("q", "m1", "x"))
+	m := mustDeliver(t, h.one(deq("q", "r1", 0)))
+	// Deferred with a delay: not ready until the delay ends, no failure.
+	r := h.one(&Command{Op: OpQNack, QNack: &QueueNackCmd{MessageRef: ref(m), Defer: true, Delay: 1_000}})
+	if r.Err != nil || !r.Queue.Requeued || r.Queue.Message.Failures != 0 {
+		t.Fatalf("defer: %+v", r)
+	}
+	wantCode(t, h.one(deq("q", "r2", 0)), errcode.QueueEmpty)
+	h.now += 1_000
+	h.one(sweep())
+	m = mustDeliver(t, h.one(deq("q", "r3", 0)))
+	if m.Attempts != 2 || m.Lease.Token != 2 {
+		t.Fatalf("redelivery: %+v", m)
+	}
+	// The lease runs out: a failed delivery, ready again.
+	h.now += 10_000
+	h.one(sweep())
+	m = mustDeliver(t, h.one(deq("q", "r4", 0)))
+	if m.Failures != 1 {
+		t.Fatalf("failures after expiry: %+v", m)
+	}
+	// Extend moves the lease; the old expiry passes harmlessly.
+	if r := h.one(&Command{Op: OpQExtend, QExtend: &QueueExtendCmd{MessageRef: ref(m), By: 30_000}}); r.Err != nil ||
+		r.Queue.Message.Lease.ExpiresAt != h.now+30_000 {
+		t.Fatalf("extend: %+v", r)
+	}
+	h.now += 10_000
+	h.one(sweep())
+	if st := h.stats("q"); st.InFlight != 1 {
+		t.Fatalf("an extended delivery expired: %+v", st)
+	}
+	// A second failure is the last one allowed: the message moves to q.dlq.
+	r = h.one(&Command{Op: OpQNack, QNack: &QueueNackCmd{MessageRef: ref(m), LastError: []byte(`{"why":"boom"}`)}})
+	if r.Err != nil || r.Queue.DeadLetter != "q.dlq" {
+		t.Fatalf("dead letter: %+v", r)
+	}
+	if st := h.stats("q"); st.Ready+st.InFlight+st.Delayed != 0 || st.DeadReady != 1 {
+		t.Fatalf("q after the move: %+v", st)
+	}
+	d := mustDeliver(t, h.one(deq("q.dlq", "r5", 0)))
+	var body string
+	_ = h.f.View(func(v *View) error { body = string(v.MessageBody("default", "q.dlq", d.ID)); return nil })
+	if d.ID != "m1" || body != "x" {
+		t.Fatalf("dead letter message: %+v %q", d, body)
+	}
+}
+
+func TestMessageTTL(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	c := enq("q", "m1", "x")
+	c.Enqueue.TTL = 1_000
+	h.one(c)
+	h.now += 1_000
+	h.one(sweep())
+	if st := h.stats("q"); st.Ready != 0 {
+		t.Fatalf("an expired message stayed: %+v", st)
+	}
+	wantCode(t, h.one(deq("q", "r1", 0)), errcode.QueueEmpty)
+}
+
+// A stateful delivery leases the sidecar key with it: a nack keeps what the
+// consumer staged there, an ack deletes the sidecar.
+func TestStatefulDeliveries(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(enq("q", "m1", "x"))
+	c := deq("q", "r1", 0)
+	c.Dequeue.WithState, c.Dequeue.StateLease, c.Dequeue.StateTxn = true, "sl-1", "st-1"
+	m := mustDeliver(t, h.one(c))
+	if m.State == nil || m.State.Key != StateKey("q", "m1") || m.State.LeaseID != "sl-1" {
+		t.Fatalf("state lease: %+v", m.State)
+	}
+	h.one(update(m.State, `{"step":1}`))
+	h.one(&Command{Op: OpQNack, QNack: &QueueNackCmd{MessageRef: ref(m), Defer: true}})
+	if d := h.publicDoc(StateKey("q", "m1")); string(d.Bytes) != `{"step":1}` {
+		t.Fatalf("nack must keep the sidecar: %q", d.Bytes)
+	}
+	c = deq("q", "r2", 0)
+	c.Dequeue.WithState, c.Dequeue.StateLease, c.Dequeue.StateTxn = true, "sl-2", "st-2"
+	m = mustDeliver(t, h.one(c))
+	h.one(update(m.State, `{"step":2}`))
+	if r := h.one(&Command{Op: OpQAck, QAck: &QueueAckCmd{MessageRef: ref(m)}}); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if d := h.publicDoc(StateKey("q", "m1")); d.Exists {
+		t.Fatalf("ack must delete the sidecar: %q", d.Bytes)
+	}
+	var staged int
+	_ = h.f.View(func(v *View) error { staged = v.StagedWrites(); return nil })
+	if staged != 0 {
+		t.Fatalf("%d staged writes left", staged)
+	}
+}
+
+// Enlisted in a transaction, a dequeued message is acknowledged by commit
+// and returned by rollback; an enqueued one appears on commit and vanishes
+// on rollback.
+func TestQueueMessagesInTransactions(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(enq("q", "m1", "x"))
+	c := deq("q", "r1", 0)
+	c.Dequeue.TxnID = "t1"
+	m := mustDeliver(t, h.one(c))
+	l := mustLease(t, h.one(acq("k", "t1", "r2", 60_000, 0)))
+	h.one(update(l, `{"done":"m1"}`))
+	out := &Command{Op: OpEnqueue, Enqueue: &EnqueueCmd{Namespace: "default", Queue: "out", ID: "o1", Visibility: 10_000,
+		MaxAttempts: 2, TxnID: "t1", Payload: []byte("next")}}
+	h.one(out)
+	if st := h.stats("out"); st.Ready != 0 || st.Staged != 1 {
+		t.Fatalf("an enqueue in a transaction is invisible until commit: %+v", st)
+	}
+	// Committing (here by releasing the key) acknowledges the delivery and
+	// publishes the enqueue with the document.
+	h.one(release(l, false))
+	if st := h.stats("q"); st.Ready+st.InFlight != 0 {
+		t.Fatalf("the delivery must be acknowledged: %+v", st)
+	}
+	if st := h.stats("out"); st.Ready != 1 {
+		t.Fatalf("the enqueue must be visible: %+v", st)
+	}
+	if d := h.publicDoc("k"); string(d.Bytes) != `{"done":"m1"}` {
+		t.Fatalf("k: %q", d.Bytes)
+	}
+	_ = m
+
+	// Rollback: the delivery goes back, the enqueue vanishes.
+	h.one(enq("q", "m2", "y"))
+	c = deq("q", "r3", 0)
+	c.Dequeue.TxnID = "t2"
+	m2 := mustDeliver(t, h.one(c))
+	out.Enqueue.ID, out.Enqueue.TxnID = "o2", "t2"
+	h.one(out)
+	if r := h.one(&Command{Op: OpQNack, QNack: &QueueNackCmd{MessageRef: ref(m2)}}); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if tr := txnOf(h, "t2"); tr.State != TxnRollback {
+		t.Fatalf("a nack of an enlisted delivery rolls its transaction back: %+v", tr)
+	}
+	if st := h.stats("q"); st.Ready != 1 || st.Head.ID != "m2" || st.Head.Failures != 1 {
+		t.Fatalf("m2 must be ready again: %+v", st)
+	}
+	if st := h.stats("out"); st.Ready != 1 || st.Staged != 0 {
+		t.Fatalf("the rolled back enqueue must vanish: %+v", st)
+	}
+	// A delivery whose lease runs out rolls its transaction back.
+	c = deq("q", "r4", 0)
+	c.Dequeue.TxnID, c.Dequeue.Visibility = "t3", 1_000
+	mustDeliver(t, h.one(c))
+	h.now += 1_000
+	h.one(sweep())
+	if tr := txnOf(h, "t3"); tr.State != TxnRollback || tr.Reason != ReasonExpired {
+		t.Fatalf("t3: %+v", tr)
+	}
+	if st := h.stats("q"); st.DeadReady != 1 {
+		t.Fatalf("m2 failed twice, its last allowed time: %+v", st)
+	}
+	// A delivered message conflicts with another transaction that names it.
+	h.one(enq("q", "m3", "z"))
+	m3 := mustDeliver(t, h.one(deq("q", "r5", 0)))
+	var holder string
+	var conflict bool
+	_ = h.f.View(func(v *View) error {
+		r := queueResource{s: &applyState{reader: v.reader}, ns: "default", queue: "q", id: m3.ID, k: msgKey("default", "q", m3.ID)}
+		holder, conflict = r.holder("t9", "")
+		return nil
+	})
+	if !conflict || holder != "o-r5" {
+		t.Fatalf("conflict: %v %q", conflict, holder)
+	}
+}
+
+// A delivery whose lease runs out goes to the next waiting consumer in the
+// sweep that ends it.
+func TestExpiredDeliveryGoesToTheNextWaitingConsumer(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(enq("q", "m1", "x"))
+	c := deq("q", "a", 0)
+	c.Dequeue.Visibility = 1_000
+	first := mustDeliver(t, h.one(c))
+	h.one(deq("q", "b", 60_000))
+	h.now += 1_000
+	h.rec.events = nil
+	h.one(sweep())
+	e := events(h, EventDelivered)["b"]
+	if e == nil || e.Message.ID != "m1" || e.Message.Lease.Token != first.Lease.Token+1 || e.Message.Failures != 1 {
+		t.Fatalf("the waiting consumer must get m1 with a new token: %+v", e)
+	}
+	wantCode(t, h.one(&Command{Op: OpQAck, QAck: &QueueAckCmd{MessageRef: ref(first)}}), errcode.QueueLeaseMismatch)
+}
+
+// A message's TTL holds across a delivery that is handed back.
+func TestTTLOutlivesADelivery(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	c := enq("q", "m1", "b")
+	c.Enqueue.TTL = 5_000
+	h.one(c)
+	m := mustDeliver(t, h.one(deq("q", "r1", 0)))
+	h.now += 6_000
+	h.one(sweep())
+	h.one(&Command{Op: OpQNack, QNack: &QueueNackCmd{MessageRef: ref(m), Defer: true}})
+	h.one(sweep())
+	if st := h.stats("q"); st.Ready+st.InFlight+st.Delayed != 0 {
+		t.Fatalf("the message outlived its TTL: %+v", st)
+	}
+}
+
+// A message dead-lettered twice under one id replaces the first copy.
+func TestDeadLetterOfAReusedID(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	for round := 0; round < 2; round++ {
+		c := enq("q", "X", fmt.Sprintf("b%d", round))
+		c.Enqueue.MaxAttempts = 1
+		h.one(c)
+		m := mustDeliver(t, h.one(deq("q", fmt.Sprintf("r%d", round), 0)))
+		if r := h.one(&Command{Op: OpQNack, QNack: &QueueNackCmd{MessageRef: ref(m)}}); r.Err != nil || r.Queue.DeadLetter == "" {
+			t.Fatalf("%+v", r)
+		}
+	}
+	mustDeliver(t, h.one(deq("q.dlq", "d1", 0)))
+	wantCode(t, h.one(deq("q.dlq", "d2", 0)), errcode.QueueEmpty)
+}
+
+// A stateful delivery never takes a sidecar someone else holds.
+func TestStatefulDeliveryLeavesAHeldSidecarAlone(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(enq("q", "m1", "b"))
+	held := mustLease(t, h.one(acq(StateKey("q", "m1"), "tout", "o1", 60_000, 0)))
+	c := deq("q", "r1", 0)
+	c.Dequeue.WithState, c.Dequeue.StateLease, c.Dequeue.StateTxn = true, "sl", "st"
+	wantCode(t, h.one(c), errcode.Waiting)
+	var rec KeyRecord
+	_ = h.f.View(func(v *View) error { rec, _ = v.Key("default", StateKey("q", "m1")); return nil })
+	if rec.Lease == nil || rec.Lease.ID != held.LeaseID {
+		t.Fatalf("the sidecar changed hands: %+v", rec.Lease)
+	}
+	// A plain dequeue still gets the message; its ack leaves the sidecar.
+	m := mustDeliver(t, h.one(deq("q", "r2", 0)))
+	h.one(&Command{Op: OpQAck, QAck: &QueueAckCmd{MessageRef: ref(m)}})
+	_ = h.f.View(func(v *View) error { rec, _ = v.Key("default", StateKey("q", "m1")); return nil })
+	if rec.Lease == nil || rec.Lease.ID != held.LeaseID {
+		t.Fatalf("an ack touched a sidecar it did not hold: %+v", rec.Lease)
+	}
+}
+
+// A cancel that loses the race against a delivery answers the delivery.
+func TestCancelAfterDeliveryAnswersIt(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(deq("q", "w1", 5_000))
+	h.one(enq("q", "m1", "x"))
+	r := h.one(&Command{Op: OpQCancel, QCancel: &QueueCancelCmd{Namespace: "default", Queue: "q", RequestID: "w1"}})
+	if r.Queue == nil || r.Queue.Message == nil || r.Queue.Message.ID != "m1" || string(r.Queue.Message.Payload) != "x" {
+		t.Fatalf("cancel after delivery: %+v", r)
+	}
+}

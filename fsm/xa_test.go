@@ -1,0 +1,166 @@
+package fsm
+
+import (
+	"testing"
+
+	"github.com/raftlockd/raftlockd/errcode"
+)
+
+func decideCmd(txn, state string, ps ...Participant) *Command {
+	return &Command{Op: OpTxnDecide, Decide: &DecideCmd{TxnID: txn, State: state, Participants: ps, LeaseID: "lock-" + txn}}
+}
+
+func local(key string) Participant { return Participant{Namespace: "default", Key: key} }
+func remote(key string) Participant {
+	return Participant{Namespace: "default", Key: key, Backend: "far"}
+}
+
+func txnOf(h *harness, id string) *TxnRecord {
+	var t *TxnRecord
+	_ = h.f.View(func(v *View) error { t = v.Txn(id); return nil })
+	return t
+}
+
+// A pending decision locks the free local participants for the
+// transaction; a participant held by another transaction makes the same
+// entry record the rollback, with the holder, instead.
+func TestPendingDecisionLocksOrRecordsTheConflict(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(&Command{Op: OpSetBackend, SetBackend: &SetBackendCmd{Hash: "here"}})
+	held := mustLease(t, h.one(acq("held", "t-other", "r1", 60_000, 0)))
+
+	c := decideCmd("t1", TxnPending, local("a"), remote("b"), Participant{Namespace: "default", Key: "c", Backend: "here"})
+	c.Decide.ExpiresAt, c.Decide.Owner = h.now+10_000, "w"
+	r := h.one(c)
+	if r.Err != nil || r.Decision != TxnPending {
+		t.Fatalf("pending: %+v", r)
+	}
+	for _, k := range []string{"a", "c"} {
+		var rec KeyRecord
+		_ = h.f.View(func(v *View) error { rec, _ = v.Key("default", k); return nil })
+		if rec.Lease == nil || rec.Lease.TxnID != "t1" || rec.Lease.Owner != "w" || rec.Lease.ExpiresAt != h.now+10_000 {
+			t.Fatalf("%s must be locked for t1 until the expiry: %+v", k, rec.Lease)
+		}
+	}
+	if tr := txnOf(h, "t1"); len(tr.Remotes()) != 1 || tr.Remotes()[0] != "far" || tr.TCTerm != 1 {
+		t.Fatalf("record: %+v", tr)
+	}
+
+	c = decideCmd("t2", TxnPending, local("free"), local("held"))
+	c.Decide.ExpiresAt = h.now + 10_000
+	r = h.one(c)
+	if r.Err != nil || r.Decision != TxnRollback || r.Txn.Reason != ReasonLockConflict || r.Txn.Detail != "LOCKED:"+held.Owner {
+		t.Fatalf("conflict: %+v %+v", r, r.Txn)
+	}
+	var rec KeyRecord
+	_ = h.f.View(func(v *View) error { rec, _ = v.Key("default", "free"); return nil })
+	if rec.Lease != nil {
+		t.Fatalf("nothing may be locked by a transaction that failed: %+v", rec.Lease)
+	}
+	// Final: any later request answers from the record.
+	wantCode(t, h.one(decideCmd("t2", TxnCommit)), errcode.TxnRolledBack)
+}
+
+// Committing needs every other island prepared; a commit records the
+// decision with the entry's term and applies it locally in the same entry,
+// and the decision waits for fan-out until every island acknowledged it.
+func TestCommitNeedsPreparedIslandsAndWaitsForAcks(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	l := mustLease(t, h.one(acq("a", "t1", "r1", 60_000, 0)))
+	h.one(update(l, `{"v":1}`))
+	wantCode(t, h.one(decideCmd("t1", TxnCommit, local("a"), remote("b"))), errcode.TxnPending)
+
+	c := decideCmd("t1", TxnCommit, remote("b"))
+	c.Decide.Prepared = []string{"far"}
+	r := h.one(c)
+	if r.Err != nil || r.Decision != TxnCommit {
+		t.Fatalf("commit: %+v", r)
+	}
+	if d := h.publicDoc("a"); string(d.Bytes) != `{"v":1}` {
+		t.Fatalf("the local participant commits in the deciding entry: %q", d.Bytes)
+	}
+	var due []string
+	due = nil
+	_ = h.f.View(func(v *View) error {
+		v.FanoutEach(func(id string) bool { due = append(due, id); return true })
+		return nil
+	})
+	if len(due) != 1 || due[0] != "t1" {
+		t.Fatalf("fan-out due: %v", due)
+	}
+	if r := h.one(&Command{Op: OpTxnAck, Ack: &AckCmd{TxnID: "t1", Backends: []string{"far", "unknown"}}}); r.Err != nil || len(r.Txn.Acked) != 1 {
+		t.Fatalf("ack: %+v", r)
+	}
+	due = nil
+	_ = h.f.View(func(v *View) error {
+		v.FanoutEach(func(id string) bool { due = append(due, id); return true })
+		return nil
+	})
+	if len(due) != 0 {
+		t.Fatalf("an acknowledged decision is still due: %v", due)
+	}
+}
+
+// A resource manager refuses a coordinator term older than one it saw,
+// applies a decision once, and keeps prepared keys past their lease.
+func TestResourceManagerTermsAndPreparedLocks(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(&Command{Op: OpSetBackend, SetBackend: &SetBackendCmd{Hash: "here"}})
+	l := mustLease(t, h.one(acq("a", "t1", "r1", 1_000, 0)))
+	h.one(update(l, `{"v":1}`))
+	prep := &Command{Op: OpTxnPrepare, Prepare: &PrepareCmd{TxnID: "t1", Home: "home", Term: 5, ExpiresAt: h.now + 60_000,
+		LeaseID: "p1", Participants: []Participant{local("a")}}}
+	if r := h.one(prep); r.Err != nil || r.Decision != TxnPending {
+		t.Fatalf("prepare: %+v", r)
+	}
+	// The lease expires: a prepared participant is not rolled back, it
+	// waits for its coordinator (in doubt).
+	h.now += 2_000
+	h.one(sweep())
+	if tr := txnOf(h, "t1"); tr.State != TxnPending || tr.DoubtAt != h.now {
+		t.Fatalf("after the lease expired: %+v", tr)
+	}
+	var doubt []string
+	_ = h.f.View(func(v *View) error {
+		v.DoubtEach(h.now, func(id string) bool { doubt = append(doubt, id); return true })
+		return nil
+	})
+	if len(doubt) != 1 {
+		t.Fatalf("in doubt: %v", doubt)
+	}
+	apply := func(term uint64, state string) *Result {
+		return h.one(&Command{Op: OpTxnRMApply, RMApply: &RMApplyCmd{TxnID: "t1", State: state, Home: "home", Term: term}})
+	}
+	wantCode(t, apply(4, TxnCommit), errcode.TCTermStale)
+	if r := apply(5, TxnCommit); r.Err != nil || r.Decision != TxnCommit {
+		t.Fatalf("apply: %+v", r)
+	}
+	if d := h.publicDoc("a"); string(d.Bytes) != `{"v":1}` {
+		t.Fatalf("the prepared write commits: %q", d.Bytes)
+	}
+	// A repeat changes nothing, whatever its term: an in-doubt island may
+	// ask the coordinator after newer terms were seen.
+	before := h.hashWithoutMeta()
+	if r := apply(4, TxnCommit); r.Err != nil || r.Decision != TxnCommit {
+		t.Fatalf("repeat: %+v", r)
+	}
+	if string(h.hashWithoutMeta()) != string(before) {
+		t.Fatal("a repeated apply changed the state")
+	}
+	wantCode(t, apply(6, TxnRollback), errcode.TxnCommitted)
+	// A transaction this island coordinates cannot be taken over by
+	// another island's prepare.
+	home := decideCmd("t5", TxnPending, remote("x"))
+	home.Decide.ExpiresAt = h.now + 10_000
+	h.one(home)
+	wantCode(t, h.one(&Command{Op: OpTxnPrepare, Prepare: &PrepareCmd{TxnID: "t5", Home: "home", Term: 9,
+		ExpiresAt: h.now + 10_000, LeaseID: "p5", Participants: []Participant{local("y")}}}), errcode.TxnBackendMismatch)
+	// A remote participant named like a local key never counts as local.
+	h.one(acq("b", "t9", "r9", 1_000, 0))
+	h.now += 2_000
+	c := decideCmd("t10", TxnCommit, remote("b"))
+	c.Decide.Prepared = []string{"far"}
+	if r := h.one(c); r.Decision != TxnCommit {
+		t.Fatalf("another island's b is not this island's expired b: %+v", r)
+	}
+}

@@ -1,0 +1,113 @@
+package testcluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/raftlockd/raftlockd/client"
+	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// A steady stream of enqueues and dequeues goes on while the leader
+// crashes: every message enqueued is delivered, and a message is delivered
+// again only if an earlier delivery was not acknowledged (at least once,
+// never after its ack). An ack whose answer was lost in the crash may or
+// may not have been applied, so the stream ends when every message was
+// delivered and the queue is empty.
+func TestLeaderCrashDuringAQueueStream(t *testing.T) {
+	c := Start(t, 3)
+	leader := c.WaitLeader(10 * time.Second)
+	rest := others(c, leader)
+	producer, consumer := c.RetryingClient(rest[0]), c.RetryingClient(rest[1])
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	const n = 120
+
+	var mu sync.Mutex
+	acked := map[string]int{}     // payload -> successful acks
+	delivered := map[string]int{} // payload -> deliveries
+	var violations []string
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			d, err := consumer.Dequeue(ctx, wire.DequeueRequest{Queue: "stream", Owner: "c", WaitSeconds: 1,
+				VisibilityTimeoutSeconds: 2})
+			if err != nil || d == nil {
+				// Empty, or the cluster is between leaders.
+				mu.Lock()
+				all := len(delivered) == n
+				mu.Unlock()
+				if all && queueEmpty(ctx, consumer) {
+					return
+				}
+				continue
+			}
+			p := string(d.Payload)
+			mu.Lock()
+			if acked[p] > 0 {
+				violations = append(violations, fmt.Sprintf("%s delivered again after its ack", p))
+			}
+			delivered[p]++
+			mu.Unlock()
+			if err := d.Ack(ctx); err == nil {
+				mu.Lock()
+				acked[p]++
+				mu.Unlock()
+			}
+		}
+	}()
+
+	for i := 0; i < n; i++ {
+		if i == n/3 {
+			c.Crash(leader)
+		}
+		if i == 2*n/3 {
+			c.Start(leader)
+		}
+		payload := fmt.Sprintf("m%03d", i)
+		// Retried with the same idempotency key until acknowledged.
+		for {
+			_, err := producer.EnqueueWithKey(ctx, wire.EnqueueRequest{Queue: "stream"}, []byte(payload), "key-"+payload)
+			if err == nil {
+				break
+			}
+			var e *errcode.Error
+			if ctx.Err() != nil || (errors.As(err, &e) && e.Code == errcode.InvalidQueue.Code) {
+				t.Fatalf("enqueue %s: %v", payload, err)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(violations) > 0 {
+		t.Fatalf("%v", violations)
+	}
+	for i := 0; i < n; i++ {
+		p := fmt.Sprintf("m%03d", i)
+		if delivered[p] == 0 || acked[p] > 1 {
+			t.Errorf("%s: acked %d times, delivered %d times", p, acked[p], delivered[p])
+		}
+	}
+	if !queueEmpty(context.Background(), c.RetryingClient(rest[0])) {
+		t.Fatal("the queue must be empty")
+	}
+	c.WaitConverged(15 * time.Second)
+}
+
+// queueEmpty reports whether the stream queue holds no message, visible or
+// leased.
+func queueEmpty(ctx context.Context, cl *client.Client) bool {
+	st, err := cl.QueueStats(ctx, "", "stream", false)
+	return err == nil && !st.Available && st.HeadMessageID == "" && st.Ready+st.InFlight+st.Delayed+st.Staged == 0
+}

@@ -1,0 +1,86 @@
+package testcluster
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// Consumers on every node dequeue at once: each message is delivered to
+// exactly one of them, and all are delivered.
+func TestConcurrentConsumersNeverShareADelivery(t *testing.T) {
+	c := Start(t, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const messages, consumers = 60, 6
+	for i := 0; i < messages; i++ {
+		if _, err := c.RetryingClient(i%3).Enqueue(ctx, wire.EnqueueRequest{Queue: "jobs"}, []byte(fmt.Sprintf("j%02d", i))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var mu sync.Mutex
+	seen := map[string]int{}
+	var wg sync.WaitGroup
+	for w := 0; w < consumers; w++ {
+		wg.Add(1)
+		go func(w int) {
+			defer wg.Done()
+			cl := c.RetryingClient(w % 3)
+			for ctx.Err() == nil {
+				d, err := cl.Dequeue(ctx, wire.DequeueRequest{Queue: "jobs", Owner: fmt.Sprintf("c%d", w),
+					WaitSeconds: wire.BlockNoWait, VisibilityTimeoutSeconds: 60})
+				if err != nil || d == nil {
+					return // empty
+				}
+				mu.Lock()
+				seen[d.Message.MessageID]++
+				mu.Unlock()
+			}
+		}(w)
+	}
+	wg.Wait()
+	if len(seen) != messages {
+		t.Fatalf("%d of %d messages delivered", len(seen), messages)
+	}
+	for id, n := range seen {
+		if n != 1 {
+			t.Fatalf("message %s delivered %d times while leased", id, n)
+		}
+	}
+}
+
+// A consumer waiting on one node gets a message enqueued through another
+// as soon as it is committed (the leader hands it over in the enqueue's
+// step and pushes the delivery to the waiting node).
+func TestBlockedConsumerGetsAMessageEnqueuedOnAnotherNode(t *testing.T) {
+	c := Start(t, 3)
+	leader := c.WaitLeader(10 * time.Second)
+	rest := others(c, leader)
+	ctx := context.Background()
+	got := make(chan time.Time, 1)
+	go func() {
+		d, err := c.Client(rest[0]).Dequeue(ctx, wire.DequeueRequest{Queue: "idle", Owner: "w", WaitSeconds: 20})
+		if err != nil || d == nil || string(d.Payload) != "wake" {
+			t.Errorf("dequeue: %+v %v", d, err)
+		}
+		got <- time.Now()
+	}()
+	waitFor(t, 5*time.Second, "the consumer to wait", func() bool {
+		st, err := c.Client(leader).QueueStats(ctx, "", "idle", false)
+		return err == nil && st.WaitingConsumers == 1
+	})
+	start := time.Now()
+	if _, err := c.Client(rest[1]).Enqueue(ctx, wire.EnqueueRequest{Queue: "idle"}, []byte("wake")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case at := <-got:
+		t.Logf("delivered %s after the enqueue was sent", at.Sub(start))
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiting consumer was not served")
+	}
+}

@@ -1,0 +1,451 @@
+package rm
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/rs/xid"
+
+	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/fsm"
+)
+
+// Queues: enqueue, dequeue (waiting on the server for the next message,
+// without polling), ack, nack, extend and stats. Deliveries and waiting
+// consumers are replicated state; this service validates requests, mints
+// identifiers and parks a waiting dequeue until the step that makes a
+// message ready hands it over.
+
+// QueueLimits are the server's queue policies.
+type QueueLimits struct {
+	DefaultVisibility  time.Duration // delivery lease when neither message nor dequeue names one
+	MaxVisibility      time.Duration
+	DefaultMaxAttempts int
+	MaxPayloadBytes    int64
+	MaxWait            time.Duration // longest a dequeue waits
+}
+
+// Decider ends a transaction that another island coordinates (or that spans
+// islands): package tc.
+type Decider interface {
+	DecideCoordinated(ctx context.Context, txn, home string, commit bool) error
+}
+
+// Queues serves queue operations.
+type Queues struct {
+	store   Store
+	waits   *Waits
+	clock   Clock
+	limits  QueueLimits
+	node    string
+	decider Decider
+}
+
+// NewQueues wires the queue service of server node; waits must observe the
+// state machine store replicates.
+func NewQueues(store Store, waits *Waits, clock Clock, limits QueueLimits, node string, decider Decider) *Queues {
+	if limits.DefaultVisibility <= 0 {
+		limits.DefaultVisibility = 30 * time.Second
+	}
+	if limits.MaxVisibility < limits.DefaultVisibility {
+		limits.MaxVisibility = 12 * time.Hour
+	}
+	if limits.DefaultMaxAttempts <= 0 {
+		limits.DefaultMaxAttempts = 5
+	}
+	if limits.MaxPayloadBytes <= 0 {
+		limits.MaxPayloadBytes = 1 << 20
+	}
+	return &Queues{store: store, waits: waits, clock: clock, limits: limits, node: node, decider: decider}
+}
+
+// Limits returns the queue policies in force.
+func (q *Queues) Limits() QueueLimits { return q.limits }
+
+const maxQueueLen = 128
+
+// QueueName validates a queue name: 1-128 of A-Z, a-z, 0-9, '.', '_', '-',
+// not starting with '.'.
+func QueueName(name string) (string, error) {
+	if name == "" {
+		return "", errcode.InvalidQueue.With("queue is required")
+	}
+	if len(name) > maxQueueLen || name[0] == '.' {
+		return "", errcode.InvalidQueue.With("queue must be 1-%d characters and not start with '.'", maxQueueLen)
+	}
+	for _, r := range name {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return "", errcode.InvalidQueue.With("queue may only hold A-Z, a-z, 0-9, '.', '_' and '-'")
+		}
+	}
+	return name, nil
+}
+
+// QueueRef names a queue.
+func QueueRef(ns, queue string) (string, string, error) {
+	ns, err := Namespace(ns)
+	if err != nil {
+		return "", "", err
+	}
+	queue, err = QueueName(queue)
+	return ns, queue, err
+}
+
+func seconds(name string, s int64) (time.Duration, error) {
+	if s < 0 {
+		return 0, errcode.InvalidParams.With("%s must not be negative", name)
+	}
+	if s > int64(100*365*24*time.Hour/time.Second) {
+		return 0, errcode.InvalidParams.With("%s is too large", name)
+	}
+	return time.Duration(s) * time.Second, nil
+}
+
+// EnqueueParams is an enqueue request. Durations are whole seconds on the
+// wire; zero means the default.
+type EnqueueParams struct {
+	Namespace      string
+	Queue          string
+	Payload        io.Reader
+	ContentType    string
+	Attributes     json.RawMessage
+	DelaySeconds   int64
+	VisibilitySecs int64
+	TTLSeconds     int64
+	MaxAttempts    int
+	TxnID          string // the message appears only when this transaction commits
+	IdempotencyKey string // a retry with the same key enqueues once
+}
+
+// Enqueue adds a message to a queue.
+func (q *Queues) Enqueue(ctx context.Context, p EnqueueParams) (*fsm.MessageInfo, error) {
+	ns, queue, err := QueueRef(p.Namespace, p.Queue)
+	if err != nil {
+		return nil, err
+	}
+	if err := idempotencyKey(p.IdempotencyKey); err != nil {
+		return nil, err
+	}
+	delay, err := seconds("delay_seconds", p.DelaySeconds)
+	if err != nil {
+		return nil, err
+	}
+	vis, err := q.visibility(p.VisibilitySecs)
+	if err != nil {
+		return nil, err
+	}
+	ttl, err := seconds("ttl_seconds", p.TTLSeconds)
+	if err != nil {
+		return nil, err
+	}
+	attempts := p.MaxAttempts
+	switch {
+	case attempts < 0:
+		return nil, errcode.InvalidParams.With("max_attempts must not be negative")
+	case attempts == 0:
+		attempts = q.limits.DefaultMaxAttempts
+	}
+	if len(p.Attributes) > 0 && (!json.Valid(p.Attributes) || bytes.TrimSpace(p.Attributes)[0] != '{') {
+		return nil, errcode.InvalidBody.With("attributes must be a JSON object")
+	}
+	if len(p.ContentType) > 256 || !printable(p.ContentType) {
+		return nil, errcode.InvalidBody.With("payload_content_type must be printable and at most 256 bytes")
+	}
+	txn := p.TxnID
+	if txn != "" {
+		if txn, err = TxnID(txn); err != nil {
+			return nil, err
+		}
+	}
+	payload, err := q.readPayload(p.Payload)
+	if err != nil {
+		return nil, err
+	}
+	id := xid.New().String()
+	if p.IdempotencyKey != "" {
+		id = "m-" + digest(ns, queue, p.IdempotencyKey)[:24]
+	}
+	var compact []byte
+	if len(p.Attributes) > 0 {
+		var buf bytes.Buffer
+		_ = json.Compact(&buf, p.Attributes)
+		compact = buf.Bytes()
+	}
+	res, err := q.store.Propose(ctx, &fsm.Command{Op: fsm.OpEnqueue, Enqueue: &fsm.EnqueueCmd{Namespace: ns, Queue: queue,
+		ID: id, ContentType: p.ContentType, Attributes: compact, Delay: delay.Milliseconds(), Visibility: vis.Milliseconds(),
+		TTL: ttl.Milliseconds(), MaxAttempts: attempts, TxnID: txn, Payload: payload}})
+	if err != nil {
+		return nil, err
+	}
+	return res.Queue.Message, nil
+}
+
+func (q *Queues) readPayload(r io.Reader) ([]byte, error) {
+	if r == nil {
+		return nil, nil
+	}
+	raw, err := io.ReadAll(io.LimitReader(r, q.limits.MaxPayloadBytes+1))
+	if err != nil {
+		var e *errcode.Error
+		if errors.As(err, &e) {
+			return nil, e
+		}
+		return nil, errcode.InvalidBody.With("reading payload: %v", err)
+	}
+	if int64(len(raw)) > q.limits.MaxPayloadBytes {
+		return nil, errcode.PayloadTooLarge.With("payload exceeds %d bytes", q.limits.MaxPayloadBytes)
+	}
+	return raw, nil
+}
+
+func (q *Queues) visibility(secs int64) (time.Duration, error) {
+	d, err := seconds("visibility_timeout_seconds", secs)
+	switch {
+	case err != nil:
+		return 0, err
+	case d == 0:
+		return q.limits.DefaultVisibility, nil
+	case d > q.limits.MaxVisibility:
+		return q.limits.MaxVisibility, nil
+	}
+	return d, nil
+}
+
+// DequeueParams is a dequeue request.
+type DequeueParams struct {
+	Namespace      string
+	Queue          string
+	Owner          string
+	VisibilitySecs int64 // 0: the message's own
+	WaitSeconds    int64 // 0: answer at once; capped by the server's maximum
+	TxnID          string
+	WithState      bool
+}
+
+// Delivery is a dequeued message: its metadata and lease, its payload and,
+// for a stateful dequeue, the sidecar's committed document.
+type Delivery struct {
+	Message *fsm.MessageInfo
+	Payload []byte
+	State   fsm.Doc
+}
+
+// Dequeue leases the first ready message of a queue. Without one it waits
+// up to WaitSeconds for the step that makes one ready to hand it over, then
+// answers queue_empty.
+func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error) {
+	ns, queue, err := QueueRef(p.Namespace, p.Queue)
+	if err != nil {
+		return nil, err
+	}
+	own, err := owner(p.Owner)
+	if err != nil {
+		return nil, err
+	}
+	var vis time.Duration
+	if p.VisibilitySecs != 0 {
+		if vis, err = q.visibility(p.VisibilitySecs); err != nil {
+			return nil, err
+		}
+	}
+	wait, err := seconds("wait_seconds", p.WaitSeconds)
+	if err != nil {
+		return nil, err
+	}
+	wait = min(wait, q.limits.MaxWait)
+	txn := p.TxnID
+	if txn != "" {
+		if txn, err = TxnID(txn); err != nil {
+			return nil, err
+		}
+	}
+	req := xid.New().String()
+	cmd := &fsm.DequeueCmd{Namespace: ns, Queue: queue, Owner: own, RequestID: req, LeaseID: xid.New().String(),
+		Visibility: vis.Milliseconds(), Wait: wait.Milliseconds(), TxnID: txn, Node: q.node, WithState: p.WithState}
+	if p.WithState {
+		cmd.StateLease = xid.New().String()
+		if txn == "" {
+			cmd.StateTxn = xid.New().String()
+		}
+	}
+	events, unregister := q.waits.register(req, "")
+	defer unregister()
+	res, err := q.store.Propose(ctx, &fsm.Command{Op: fsm.OpDequeue, Dequeue: cmd})
+	if err != nil {
+		return nil, err
+	}
+	if m := res.Queue.Message; m != nil {
+		return q.fetch(ctx, m)
+	}
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	select {
+	case ev := <-events:
+		if ev.Message != nil {
+			return q.fetch(ctx, ev.Message)
+		}
+		return nil, ev.Err
+	case <-timer.C:
+	case <-ctx.Done():
+	}
+	// Stop waiting, unless a message arrived meanwhile.
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	res, err = q.store.Propose(cctx, &fsm.Command{Op: fsm.OpQCancel,
+		QCancel: &fsm.QueueCancelCmd{Namespace: ns, Queue: queue, RequestID: req}})
+	if err != nil {
+		return nil, err
+	}
+	if res.Queue != nil && res.Queue.Message != nil {
+		// Delivered before the cancel, and not heard of here yet.
+		return q.fetch(ctx, res.Queue.Message)
+	}
+	select {
+	case ev := <-events:
+		if ev.Message != nil {
+			return q.fetch(ctx, ev.Message)
+		}
+	default:
+	}
+	if ctx.Err() != nil {
+		return nil, fmt.Errorf("rm: dequeue %s/%s: %w", ns, queue, ctx.Err())
+	}
+	return nil, errcode.QueueEmpty.With("no message became ready in %s within %s", queue, wait)
+}
+
+// fetch turns a delivery into what the consumer gets: the state machine
+// hands the payload and the sidecar's document over with it.
+func (q *Queues) fetch(_ context.Context, m *fsm.MessageInfo) (*Delivery, error) {
+	d := &Delivery{Message: m, Payload: m.Payload}
+	if st := m.State; st != nil {
+		d.State = fsm.Doc{Exists: m.StateDoc != nil, Bytes: m.StateDoc, Version: st.Version, ETag: st.ETag, Token: st.Token}
+	}
+	m.Payload, m.StateDoc = nil, nil
+	return d, nil
+}
+
+// MessageRef names a delivery as a consumer holds it.
+type MessageRef struct {
+	Namespace string
+	Queue     string
+	MessageID string
+	LeaseID   string
+	Token     int64 // 0: not checked
+}
+
+func (r MessageRef) validate() (fsm.MessageRef, error) {
+	ns, queue, err := QueueRef(r.Namespace, r.Queue)
+	if err != nil {
+		return fsm.MessageRef{}, err
+	}
+	if r.MessageID == "" || len(r.MessageID) > 64 || !printable(r.MessageID) {
+		return fsm.MessageRef{}, errcode.InvalidParams.With("message_id is required")
+	}
+	lease, err := LeaseID(r.LeaseID)
+	if err != nil {
+		return fsm.MessageRef{}, err
+	}
+	if r.Token < 0 {
+		return fsm.MessageRef{}, errcode.InvalidFencing.With("fencing token must be positive")
+	}
+	return fsm.MessageRef{Namespace: ns, Queue: queue, ID: r.MessageID, LeaseID: lease, Token: r.Token}, nil
+}
+
+// finish proposes an ack or nack; an enlisted delivery whose transaction
+// spans islands is decided by its coordinator instead.
+func (q *Queues) finish(ctx context.Context, cmd *fsm.Command, commit bool) (*fsm.Result, error) {
+	res, err := q.store.Propose(ctx, cmd)
+	var e *errcode.Error
+	if errors.As(err, &e) && e.Code == errcode.TxnCoordinated.Code && q.decider != nil {
+		return &fsm.Result{Released: true}, q.decider.DecideCoordinated(ctx, e.TxnID, e.Home, commit)
+	}
+	return res, err
+}
+
+// Ack acknowledges a delivery: the message (and its sidecar) is removed. A
+// delivery enlisted in a transaction is acknowledged by committing it.
+func (q *Queues) Ack(ctx context.Context, ref MessageRef) error {
+	r, err := ref.validate()
+	if err != nil {
+		return err
+	}
+	_, err = q.finish(ctx, &fsm.Command{Op: fsm.OpQAck, QAck: &fsm.QueueAckCmd{MessageRef: r}}, true)
+	return err
+}
+
+// NackParams says how a delivery goes back.
+type NackParams struct {
+	Defer        bool // does not count as a failed delivery
+	DelaySeconds int64
+	LastError    json.RawMessage
+}
+
+// Nack returns a delivery to its queue (after the delay), or to the
+// dead-letter queue once it failed max_attempts times. A delivery enlisted
+// in a transaction is returned by rolling the transaction back.
+func (q *Queues) Nack(ctx context.Context, ref MessageRef, p NackParams) (*fsm.QueueResult, error) {
+	r, err := ref.validate()
+	if err != nil {
+		return nil, err
+	}
+	delay, err := seconds("delay_seconds", p.DelaySeconds)
+	if err != nil {
+		return nil, err
+	}
+	if len(p.LastError) > 0 && (!json.Valid(p.LastError) || len(p.LastError) > 64<<10) {
+		return nil, errcode.InvalidBody.With("last_error must be JSON of at most 64 KiB")
+	}
+	res, err := q.finish(ctx, &fsm.Command{Op: fsm.OpQNack, QNack: &fsm.QueueNackCmd{MessageRef: r, Defer: p.Defer,
+		Delay: delay.Milliseconds(), LastError: p.LastError}}, false)
+	if err != nil {
+		return nil, err
+	}
+	if res.Queue == nil {
+		return &fsm.QueueResult{Requeued: true}, nil
+	}
+	return res.Queue, nil
+}
+
+// Extend extends a delivery's lease (and its sidecar's) to now + by
+// seconds (0: the message's visibility timeout).
+func (q *Queues) Extend(ctx context.Context, ref MessageRef, bySeconds int64) (*fsm.MessageInfo, error) {
+	r, err := ref.validate()
+	if err != nil {
+		return nil, err
+	}
+	var by time.Duration
+	if bySeconds != 0 {
+		if by, err = q.visibility(bySeconds); err != nil {
+			return nil, err
+		}
+	}
+	res, err := q.store.Propose(ctx, &fsm.Command{Op: fsm.OpQExtend, QExtend: &fsm.QueueExtendCmd{MessageRef: r,
+		By: by.Milliseconds()}})
+	if err != nil {
+		return nil, err
+	}
+	return res.Queue.Message, nil
+}
+
+// Stats describes a queue without changing it.
+func (q *Queues) Stats(ctx context.Context, ns, queue string, c Consistency) (fsm.QueueStats, error) {
+	ns, queue, err := QueueRef(ns, queue)
+	if err != nil {
+		return fsm.QueueStats{}, err
+	}
+	var st fsm.QueueStats
+	read := q.store.Read
+	if c == Stale {
+		read = q.store.ReadStale
+	}
+	err = read(ctx, func(v *fsm.View) error {
+		st = v.QueueStats(ns, queue)
+		return nil
+	})
+	return st, err
+}

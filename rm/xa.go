@@ -1,0 +1,260 @@
+package rm
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/rs/xid"
+
+	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/fsm"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// The resource manager's side of transactions coordinated by another
+// island: prepare (enlist and lock this island's participants for the
+// coordinator) and apply (carry out the coordinator's decision).
+
+// Island names the island this node belongs to.
+type Island interface {
+	BackendHash() string
+}
+
+// Enlisted serves the resource manager endpoints of two-phase
+// transactions.
+type Enlisted struct {
+	store  Store
+	island Island
+	clock  Clock
+}
+
+// NewEnlisted wires the resource manager of an island.
+func NewEnlisted(store Store, island Island, clock Clock) *Enlisted {
+	return &Enlisted{store: store, island: island, clock: clock}
+}
+
+// Coordinated is a request of another island's coordinator.
+type Coordinated struct {
+	TxnID        string
+	State        string // commit or rollback for Apply
+	Home         string // the coordinating island's backend hash
+	Term         uint64 // its coordinator's term
+	Target       string // the island the coordinator means; empty: any
+	ExpiresAt    time.Time
+	Owner        string
+	Participants []fsm.Participant
+}
+
+// BackendHash validates an island's backend hash: printable, at most 128
+// bytes.
+func BackendHash(h string) (string, error) {
+	h = strings.TrimSpace(h)
+	if len(h) > 128 || !printable(h) || strings.ContainsAny(h, " /") {
+		return "", errcode.InvalidParams.With("backend_hash %q is malformed", h)
+	}
+	return h, nil
+}
+
+// Participants validates participants and names this island's own with
+// its backend hash.
+func Participants(ps []fsm.Participant, self string) ([]fsm.Participant, error) {
+	if len(ps) > fsm.MaxParticipants {
+		return nil, errcode.TxnTooLarge.With("a transaction holds at most %d keys", fsm.MaxParticipants)
+	}
+	out := make([]fsm.Participant, 0, len(ps))
+	for _, p := range ps {
+		ns, key, err := participant(p)
+		if err != nil {
+			return nil, err
+		}
+		b, err := BackendHash(p.Backend)
+		if err != nil {
+			return nil, err
+		}
+		if b == "" {
+			b = self
+		}
+		out = append(out, fsm.Participant{Namespace: ns, Key: key, Backend: b})
+	}
+	return out, nil
+}
+
+// participant validates a participant's name: a key or queue message, or
+// a UTXO transaction {.utxo, <txid>}.
+func participant(p fsm.Participant) (string, string, error) {
+	if p.Namespace == wire.UTXOParticipantNamespace {
+		id, err := TxIDHex(p.Key)
+		return p.Namespace, id, err
+	}
+	return Resource(p.Namespace, p.Key)
+}
+
+func (e *Enlisted) check(c Coordinated) (Coordinated, error) {
+	var err error
+	if c.TxnID, err = TxnID(c.TxnID); err != nil {
+		return c, err
+	}
+	self := e.island.BackendHash()
+	if c.Target != "" && c.Target != self {
+		return c, errcode.TxnBackendMismatch.With("this is island %s, not %s", self, c.Target)
+	}
+	if c.Home, err = BackendHash(c.Home); err != nil {
+		return c, err
+	}
+	if c.Participants, err = Participants(c.Participants, self); err != nil {
+		return c, err
+	}
+	mine := c.Participants[:0]
+	for _, p := range c.Participants {
+		if p.Backend == self {
+			mine = append(mine, p)
+		}
+	}
+	c.Participants = mine
+	return c, nil
+}
+
+// Prepare enlists this island's participants in a transaction coordinated
+// by another island and locks them for it until its decision arrives. A
+// participant held by another transaction fails the prepare at once with
+// txn_lock_conflict (LOCKED:<holder>), without a Raft round; so does a
+// repeated prepare that is already in place. A decided transaction answers
+// with its decision.
+func (e *Enlisted) Prepare(ctx context.Context, c Coordinated) (*fsm.TxnInfo, error) {
+	c, err := e.check(c)
+	if err != nil {
+		return nil, err
+	}
+	if c.Home == "" || c.Term == 0 {
+		return nil, errcode.InvalidParams.With("a prepare needs tc_backend_hash and tc_term")
+	}
+	if c.Home == e.island.BackendHash() {
+		return nil, errcode.TxnBackendMismatch.With("island %s coordinates this transaction itself", c.Home)
+	}
+	if c.ExpiresAt.IsZero() {
+		return nil, errcode.InvalidParams.With("a prepare needs expires_at_unix")
+	}
+	var done *fsm.TxnInfo
+	err = e.store.Read(ctx, func(v *fsm.View) error {
+		if seen := v.TCTerm(c.Home); c.Term < seen {
+			return errcode.TCTermStale.With("term %d of island %s's coordinator is older than %d", c.Term, c.Home, seen)
+		}
+		t := v.Txn(c.TxnID)
+		if t != nil && t.State != fsm.TxnPending {
+			done = &fsm.TxnInfo{TxnID: c.TxnID, State: t.State, Reason: t.Reason, Detail: t.Detail, Home: t.Home, TCTerm: t.TCTerm}
+			return nil
+		}
+		for _, p := range c.Participants {
+			if holder, ok := v.Conflict(p.Namespace, p.Key, c.TxnID, c.Owner); ok {
+				return errcode.TxnLockConflict.With("%s%s", fsm.LockedPrefix, holder)
+			}
+		}
+		if t != nil && t.Home == c.Home && t.ExpiresAt >= c.ExpiresAt.UnixMilli() && covers(t.Participants, c.Participants) {
+			done = &fsm.TxnInfo{TxnID: c.TxnID, State: t.State, Home: t.Home, TCTerm: t.TCTerm, ExpiresAt: t.ExpiresAt}
+		}
+		return nil
+	})
+	if err != nil || done != nil {
+		return done, err
+	}
+	res, err := e.store.Propose(ctx, &fsm.Command{Op: fsm.OpTxnPrepare, Prepare: &fsm.PrepareCmd{
+		TxnID: c.TxnID, Home: c.Home, Term: c.Term, ExpiresAt: c.ExpiresAt.UnixMilli(), Owner: c.Owner,
+		LeaseID: xid.New().String(), Participants: local(c.Participants)}})
+	if err != nil {
+		return nil, err
+	}
+	return res.Txn, nil
+}
+
+// covers reports whether every participant of want is in have (this
+// island's own are stored with an empty backend).
+func covers(have, want []fsm.Participant) bool {
+	for _, w := range want {
+		if !slices.ContainsFunc(have, func(h fsm.Participant) bool {
+			return h.Backend == "" && h.Namespace == w.Namespace && h.Key == w.Key
+		}) {
+			return false
+		}
+	}
+	return true
+}
+
+func local(ps []fsm.Participant) []fsm.Participant {
+	out := make([]fsm.Participant, len(ps))
+	for i, p := range ps {
+		out[i] = fsm.Participant{Namespace: p.Namespace, Key: p.Key}
+	}
+	return out
+}
+
+// Apply carries out a coordinator's decision on this island's participants
+// in one Raft entry. Repeating it changes nothing. A decision from a
+// coordinator term older than one already seen is refused (tc_term_stale).
+// Without a coordinating island (lockd's local RM apply), the decision must
+// already be recorded here: a transaction still pending answers
+// txn_pending.
+func (e *Enlisted) Apply(ctx context.Context, c Coordinated) (*fsm.TxnInfo, error) {
+	c, err := e.check(c)
+	if err != nil {
+		return nil, err
+	}
+	if c.State != fsm.TxnCommit && c.State != fsm.TxnRollback {
+		return nil, errcode.InvalidParams.With("state must be commit or rollback")
+	}
+	if c.Home == "" || c.Home == e.island.BackendHash() {
+		var info *fsm.TxnInfo
+		err := e.store.Read(ctx, func(v *fsm.View) error {
+			t := v.Txn(c.TxnID)
+			switch {
+			case t == nil || t.State == fsm.TxnPending:
+				return errcode.TxnPending.With("no decision is recorded for transaction %s", c.TxnID)
+			case t.State != c.State:
+				return decided(t)
+			}
+			info = &fsm.TxnInfo{TxnID: c.TxnID, State: t.State, TCTerm: t.TCTerm}
+			return nil
+		})
+		return info, err
+	}
+	if c.Term == 0 {
+		return nil, errcode.InvalidParams.With("a decision of another island needs tc_term")
+	}
+	// A decision already applied is answered without a Raft round.
+	var done *fsm.TxnInfo
+	err = e.store.Read(ctx, func(v *fsm.View) error {
+		if seen := v.TCTerm(c.Home); c.Term < seen {
+			return errcode.TCTermStale.With("term %d of island %s's coordinator is older than %d", c.Term, c.Home, seen)
+		}
+		t := v.Txn(c.TxnID)
+		switch {
+		case t == nil:
+			// The transaction holds nothing here (it never prepared,
+			// or its record outlived its retention): nothing to do.
+			done = &fsm.TxnInfo{TxnID: c.TxnID, State: c.State, Home: c.Home, TCTerm: c.Term}
+		case t.State == fsm.TxnPending:
+		case t.State != c.State:
+			return decided(t)
+		default:
+			done = &fsm.TxnInfo{TxnID: c.TxnID, State: t.State, Home: t.Home, TCTerm: t.TCTerm}
+		}
+		return nil
+	})
+	if err != nil || done != nil {
+		return done, err
+	}
+	res, err := e.store.Propose(ctx, &fsm.Command{Op: fsm.OpTxnRMApply, RMApply: &fsm.RMApplyCmd{
+		TxnID: c.TxnID, State: c.State, Home: c.Home, Term: c.Term, Participants: local(c.Participants)}})
+	if err != nil {
+		return nil, err
+	}
+	return res.Txn, nil
+}
+
+func decided(t *fsm.TxnRecord) *errcode.Error {
+	if t.State == fsm.TxnCommit {
+		return errcode.TxnCommitted.With("transaction already committed")
+	}
+	return errcode.TxnRolledBack.With("transaction already rolled back (%s)", t.Reason)
+}

@@ -1,0 +1,292 @@
+package tc
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/raftlockd/raftlockd/client"
+	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/fsm"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// byIsland groups the participants of other islands by backend hash.
+func byIsland(ps []fsm.Participant, self string) map[string][]wire.TxnParticipant {
+	out := map[string][]wire.TxnParticipant{}
+	for _, p := range ps {
+		if p.Backend == "" || p.Backend == self {
+			continue
+		}
+		out[p.Backend] = append(out[p.Backend], wire.TxnParticipant{Namespace: p.Namespace, Key: p.Key, BackendHash: p.Backend})
+	}
+	return out
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// eachIsland runs fn for every island at once and returns the errors by
+// island.
+func eachIsland(islands []string, fn func(backend string) error) map[string]error {
+	var mu sync.Mutex
+	errs := map[string]error{}
+	var wg sync.WaitGroup
+	for _, b := range islands {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := fn(b); err != nil {
+				mu.Lock()
+				errs[b] = err
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	return errs
+}
+
+// prepareRemotes prepares the participants of every other island but the
+// ones already prepared. A lock
+// conflict anywhere is returned as such (permanent); a decided participant
+// that rolled back is reported as txn_rolled_back; an island that cannot
+// be reached is txn_island_unreachable (the transaction stays pending and
+// may be retried).
+func (c *Coordinator) prepareRemotes(ctx context.Context, d Decision, prepared []string) error {
+	self := c.island.BackendHash()
+	groups := byIsland(d.Participants, self)
+	for _, b := range prepared {
+		delete(groups, b)
+	}
+	if len(groups) == 0 {
+		return nil
+	}
+	term := c.island.Term()
+	errs := eachIsland(sortedKeys(groups), func(b string) error {
+		req := wire.TxnDecisionRequest{TxnID: d.TxnID, State: fsm.TxnPending, Participants: groups[b],
+			ExpiresAtUnix: (d.ExpiresAt.UnixMilli() + 999) / 1000, TCTerm: term, TargetBackendHash: b,
+			TCBackendHash: self, Owner: d.Owner}
+		return c.atIsland(ctx, b, func(ctx context.Context, ep string) error {
+			resp, err := c.remote.Prepare(ctx, ep, req)
+			if err == nil && resp.State == fsm.TxnRollback {
+				return errcode.TxnRolledBack.With("island %s rolled transaction %s back", b, d.TxnID)
+			}
+			return err
+		})
+	})
+	if len(errs) == 0 {
+		return nil
+	}
+	for _, b := range sortedKeys(errs) {
+		if e := envelope(errs[b]); e != nil && e.Code == errcode.TxnLockConflict.Code {
+			return e
+		}
+	}
+	for _, b := range sortedKeys(errs) {
+		if e := envelope(errs[b]); e != nil && e.Code == errcode.TxnRolledBack.Code {
+			return e
+		}
+	}
+	// An island that refused (its lease of the transaction expired, a
+	// participant it cannot hold) votes no: the transaction cannot commit.
+	for _, b := range sortedKeys(errs) {
+		if !transient(errs[b]) {
+			return errcode.TxnRolledBack.With("island %s refused to prepare transaction %s: %v", b, d.TxnID, errs[b])
+		}
+	}
+	e := errcode.TxnUnreachable.With("preparing transaction %s: %s", d.TxnID, describe(errs))
+	e.RetryAfter = 1
+	return e
+}
+
+// fanout sends a final decision to every island that has not applied it
+// and records which did. It answers txn_fanout_failed when an island is
+// still missing after the retries; the decision stays recorded and the
+// leader's resolver keeps replaying it.
+func (c *Coordinator) fanout(ctx context.Context, info *fsm.TxnInfo) error {
+	if info.State == fsm.TxnPending || info.Home != "" {
+		return nil
+	}
+	self := c.island.BackendHash()
+	groups := byIsland(info.Participants, self)
+	var todo []string
+	for _, b := range sortedKeys(groups) {
+		if !slices.Contains(info.Acked, b) {
+			todo = append(todo, b)
+		}
+	}
+	if len(todo) == 0 {
+		return nil
+	}
+	term := c.island.Term()
+	errs := eachIsland(todo, func(b string) error {
+		req := wire.TxnDecisionRequest{TxnID: info.TxnID, State: info.State, Participants: groups[b], TCTerm: term,
+			TargetBackendHash: b, TCBackendHash: self}
+		return c.atIsland(ctx, b, func(ctx context.Context, ep string) error {
+			_, err := c.remote.Apply(ctx, ep, req)
+			return err
+		})
+	})
+	var acked []string
+	for _, b := range todo {
+		if e := envelope(errs[b]); e != nil && (e.Code == errcode.TxnCommitted.Code || e.Code == errcode.TxnRolledBack.Code) {
+			// The island decided the transaction itself, before it was
+			// prepared (a local release): nothing can change that, and
+			// replaying would not end.
+			c.cfg.Logger.Error("an island decided a transaction against its coordinator's decision",
+				"txn", info.TxnID, "island", b, "decision", info.State, "error", e)
+			delete(errs, b)
+		}
+		if errs[b] == nil {
+			acked = append(acked, b)
+		}
+	}
+	if len(acked) > 0 {
+		res, err := c.store.Propose(ctx, &fsm.Command{Op: fsm.OpTxnAck, Ack: &fsm.AckCmd{TxnID: info.TxnID, Backends: acked}})
+		if err != nil {
+			return err
+		}
+		info.Acked = res.Txn.Acked
+	}
+	if len(errs) > 0 {
+		return errcode.TxnFanoutFailed.With("transaction %s is %s, but not applied everywhere yet: %s", info.TxnID, info.State, describe(errs))
+	}
+	return nil
+}
+
+// fanoutQuietly fans a decision out without reporting failures: the
+// resolver replays what is left.
+func (c *Coordinator) fanoutQuietly(ctx context.Context, info *fsm.TxnInfo) {
+	if err := c.fanout(ctx, info); err != nil {
+		c.cfg.Logger.Warn("fan-out incomplete; the resolver will replay it", "txn", info.TxnID, "error", err)
+	}
+}
+
+func describe(errs map[string]error) string {
+	var parts []string
+	for _, b := range sortedKeys(errs) {
+		parts = append(parts, fmt.Sprintf("island %s: %v", b, errs[b]))
+	}
+	return strings.Join(parts, "; ")
+}
+
+func envelope(err error) *errcode.Error {
+	var e *errcode.Error
+	if errors.As(err, &e) {
+		return e
+	}
+	return nil
+}
+
+// permanent reports whether retrying err cannot help: the island answered
+// with a rejection rather than failing to answer.
+func permanent(err error) bool {
+	var ce *client.Error
+	if errors.As(err, &ce) {
+		switch {
+		case ce.Status == http.StatusRequestTimeout, ce.Status == http.StatusTooManyRequests, ce.Status == 499:
+			return false
+		case ce.Status >= 400 && ce.Status < 500:
+			return true
+		}
+		return false
+	}
+	var e *errcode.Error
+	return errors.As(err, &e) && (e.Code == errcode.TxnRolledBack.Code || e.Code == errcode.TxnLockConflict.Code ||
+		e.Code == errcode.InvalidParams.Code)
+}
+
+// transient reports whether an island's error means it did not answer (it
+// could not be reached, had no leader, was shutting down) rather than that
+// it refused.
+func transient(err error) bool {
+	e := envelope(err)
+	if e == nil {
+		return true
+	}
+	switch e.Code {
+	case errcode.TxnUnreachable.Code, errcode.NoLeader.Code, errcode.NotLeader.Code, errcode.Unavailable.Code,
+		errcode.ShuttingDown.Code, errcode.NotReady.Code, errcode.RequestCancel.Code, errcode.Internal.Code:
+		return true
+	}
+	return false
+}
+
+// endpoints returns the registered RM endpoints of island backend.
+func (c *Coordinator) endpoints(ctx context.Context, backend string) ([]string, error) {
+	var eps []string
+	err := c.store.Read(ctx, func(v *fsm.View) error {
+		eps = v.RMs()[backend].Endpoints
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(eps) == 0 {
+		return nil, errcode.TxnUnreachable.With("no RM endpoint is registered for island %s", backend)
+	}
+	return eps, nil
+}
+
+// atIsland calls fn on the endpoints of island backend until it succeeds,
+// fails for good, or the attempts are spent; attempts are spread over the
+// island's endpoints and spaced by exponential backoff with full jitter.
+func (c *Coordinator) atIsland(ctx context.Context, backend string, fn func(ctx context.Context, endpoint string) error) error {
+	eps, err := c.endpoints(ctx, backend)
+	if err != nil {
+		return err
+	}
+	delay := c.cfg.FanoutBaseDelay
+	start := rand.IntN(len(eps))
+	for attempt := 0; ; attempt++ {
+		actx, cancel := context.WithTimeout(ctx, c.cfg.FanoutTimeout)
+		err = fn(actx, eps[(start+attempt)%len(eps)])
+		cancel()
+		if err == nil || permanent(err) || attempt+1 >= c.cfg.FanoutAttempts || ctx.Err() != nil {
+			return unwrapEnvelope(err)
+		}
+		t := time.NewTimer(time.Duration(rand.Int64N(int64(delay) + 1)))
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return unwrapEnvelope(err)
+		}
+		delay = min(time.Duration(float64(delay)*c.cfg.FanoutMultiplier), c.cfg.FanoutMaxDelay)
+	}
+}
+
+// unwrapEnvelope turns another island's error answer into its envelope, so
+// that codes like txn_lock_conflict travel on unchanged; an island that did
+// not answer with one (a transport failure, a body that is not an error
+// envelope) is txn_island_unreachable.
+func unwrapEnvelope(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ce *client.Error
+	if errors.As(err, &ce) && !strings.HasPrefix(ce.Envelope.Code, "http_") {
+		return ce.Envelope
+	}
+	var e *errcode.Error
+	if errors.As(err, &e) {
+		return e
+	}
+	ue := errcode.TxnUnreachable.With("%v", err)
+	ue.RetryAfter = 1
+	return ue
+}

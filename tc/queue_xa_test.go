@@ -1,0 +1,147 @@
+package tc_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"testing"
+	"time"
+
+	"github.com/rs/xid"
+
+	"github.com/raftlockd/raftlockd/client"
+	"github.com/raftlockd/raftlockd/internal/testutil"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+func msgPart(queue, id string, is *island) wire.TxnParticipant {
+	return wire.TxnParticipant{Namespace: wire.DefaultNamespace, Key: "q/" + queue + "/msg/" + id, BackendHash: is.hash()}
+}
+
+func enqueue(t *testing.T, c *client.Client, queue, txn, body string) string {
+	t.Helper()
+	out, err := c.Enqueue(context.Background(), wire.EnqueueRequest{Queue: queue, TxnID: txn}, []byte(body))
+	if err != nil {
+		t.Fatalf("enqueue: %v", err)
+	}
+	return out.MessageID
+}
+
+func dequeue(t *testing.T, c *client.Client, queue, txn string) *client.Delivery {
+	t.Helper()
+	d, err := c.Dequeue(context.Background(), wire.DequeueRequest{Queue: queue, Owner: "w", TxnID: txn})
+	if err != nil || d == nil {
+		t.Fatalf("dequeue %s: %v", queue, err)
+	}
+	return d
+}
+
+func queueEmpty(t *testing.T, c *client.Client, queue string) bool {
+	t.Helper()
+	d, err := c.Dequeue(context.Background(), wire.DequeueRequest{Queue: queue, Owner: "probe", WaitSeconds: wire.BlockNoWait})
+	if err == nil && d != nil {
+		t.Fatalf("%s is not empty: %+v", queue, d.Message)
+	}
+	var ce *client.Error
+	return d == nil && (err == nil || errors.As(err, &ce))
+}
+
+func stats(t *testing.T, c *client.Client, queue string) *wire.QueueStatsResponse {
+	t.Helper()
+	st, err := c.QueueStats(context.Background(), "", queue, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// Queue messages take part in transactions across islands like keys: an
+// enqueue on one island appears only when the coordinator on another
+// commits, and vanishes when it rolls back; a dequeue is acknowledged by
+// the commit and returned by the rollback.
+func TestQueueMessagesInTransactionsAcrossIslands(t *testing.T) {
+	a, b := startIsland(t, "a"), startIsland(t, "b")
+	register(t, a, b)
+	ctx := context.Background()
+
+	// Transactional enqueue on b, key on a, committed by a.
+	txn := xid.New().String()
+	stage(t, acquire(t, a.client(), "ka", txn, "w"), `{"sent":1}`)
+	id := enqueue(t, b.client(), "out", txn, "hello")
+	if st := stats(t, b.client(), "out"); st.Available {
+		t.Fatal("a transactional enqueue is visible before commit")
+	}
+	if _, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateCommit,
+		Participants: []wire.TxnParticipant{part("ka", a), msgPart("out", id, b)}}); err != nil {
+		t.Fatalf("commit: %v", err)
+	}
+	if d := dequeue(t, b.client(), "out", ""); d.Message.MessageID != id || string(d.Payload) != "hello" {
+		t.Fatalf("committed enqueue: %+v %q", d.Message, d.Payload)
+	} else if err := d.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+
+	// ... and rolled back: it never appears.
+	txn = xid.New().String()
+	id = enqueue(t, b.client(), "out", txn, "never")
+	if _, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateRollback,
+		Participants: []wire.TxnParticipant{msgPart("out", id, b)}}); err != nil {
+		t.Fatalf("rollback: %v", err)
+	}
+	if !queueEmpty(t, b.client(), "out") {
+		t.Fatal("a rolled back enqueue appeared")
+	}
+
+	// Transactional dequeue on b with a key on a: the commit acknowledges.
+	enqueue(t, b.client(), "in", "", "job-1")
+	txn = xid.New().String()
+	d := dequeue(t, b.client(), "in", txn)
+	stage(t, acquire(t, a.client(), "ka", txn, "w"), `{"done":"job-1"}`)
+	if _, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateCommit,
+		Participants: []wire.TxnParticipant{part("ka", a), msgPart("in", d.Message.MessageID, b)}}); err != nil {
+		t.Fatalf("commit dequeue: %v", err)
+	}
+	if st := stats(t, b.client(), "in"); st.Available || st.HeadMessageID != "" {
+		t.Fatalf("the committed delivery is still queued: %+v", st)
+	}
+	if publicDoc(t, a.client(), "ka") != `{"done":"job-1"}` {
+		t.Fatal("the key did not commit with the delivery")
+	}
+
+	// A nack of a delivery whose transaction another island coordinates
+	// goes to that coordinator, which rolls the whole transaction back.
+	enqueue(t, b.client(), "in", "", "job-2")
+	txn = xid.New().String()
+	d = dequeue(t, b.client(), "in", txn)
+	stage(t, acquire(t, a.client(), "ka", txn, "w"), `{"done":"job-2"}`)
+	if _, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStatePending,
+		Participants: []wire.TxnParticipant{part("ka", a), msgPart("in", d.Message.MessageID, b)}}); err != nil {
+		t.Fatalf("prepare: %v", err)
+	}
+	if _, err := d.Nack(ctx, wire.NackIntentFailure, 0, nil); err != nil {
+		t.Fatalf("nack through the coordinator: %v", err)
+	}
+	if r := a.record(txn); r == nil || r.State != "rollback" {
+		t.Fatalf("the coordinator must record the rollback: %+v", r)
+	}
+	testutil.WaitFor(t, 10*time.Second, "job-2 to be ready again", func() bool {
+		return stats(t, b.client(), "in").Available
+	})
+	again := dequeue(t, b.client(), "in", "")
+	if again.Message.MessageID != d.Message.MessageID || again.Message.FailureAttempts != 1 {
+		t.Fatalf("redelivery: %+v", again.Message)
+	}
+	if publicDoc(t, a.client(), "ka") != `{"done":"job-1"}` {
+		t.Fatal("the rolled back key changed")
+	}
+	// A stale consumer of the earlier delivery is refused.
+	err := d.Ack(ctx)
+	var ce *client.Error
+	if !errors.As(err, &ce) || ce.Status != http.StatusConflict || ce.Envelope.Code != "queue_message_lease_mismatch" {
+		t.Fatalf("stale ack: %v", err)
+	}
+	if err := again.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	clean(t, a, b)
+}

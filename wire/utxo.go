@@ -1,0 +1,211 @@
+package wire
+
+// Bodies of the /v1/utxo/... endpoints. Transaction ids and hashes travel as
+// lowercase hex: a txid is 64 characters (32 bytes), a utxo_hash too.
+
+// UTXONamespace is the namespace a client certificate must be allowed
+// (read for GET /v1/utxo/tx, read-write for the rest) to use the UTXO
+// endpoints.
+const UTXONamespace = "utxo"
+
+// UTXOParticipantNamespace is the namespace of a UTXO transaction taking
+// part in a two-phase transaction: the participant {namespace: ".utxo",
+// key: <txid>} names every output of txid staged for it (spends) or the
+// transaction itself (a staged create).
+const UTXOParticipantNamespace = ".utxo"
+
+// Per-item codes of a failed UTXO operation (UTXOItemError.Code). A spend
+// reserved by another two-phase transaction fails with "LOCKED:<txn_id>".
+const (
+	UTXOTxNotFound        = "TX_NOT_FOUND"
+	UTXOCreating          = "CREATING"
+	UTXOConflicting       = "CONFLICTING"
+	UTXOLocked            = "LOCKED"
+	UTXOCoinbaseImmature  = "COINBASE_IMMATURE"
+	UTXONotFound          = "UTXO_NOT_FOUND"
+	UTXOHashMismatch      = "UTXO_HASH_MISMATCH"
+	UTXOFrozenUntil       = "FROZEN_UNTIL"
+	UTXOInvalidSpend      = "INVALID_SPEND"
+	UTXOFrozen            = "FROZEN"
+	UTXOSpent             = "SPENT"
+	UTXOAlreadyFrozen     = "ALREADY_FROZEN"
+	UTXONotFrozen         = "UTXO_NOT_FROZEN"
+	UTXOLockedPrefix      = "LOCKED:"
+	UTXOCoinbaseMaturity  = 100  // blocks before a coinbase output is spendable
+	UTXOReassignMaturity  = 1000 // blocks before a reassigned output is spendable
+	UTXODefaultBatchSize  = 20000
+	UTXODefaultEntryBytes = 1 << 20
+	// UTXOOutputBytes is the size of one output in a create command's
+	// Raft entry: vout, hash and satoshis.
+	UTXOOutputBytes = 4 + 32 + 8
+)
+
+// UTXORecordBytes is the largest Raft entry creating a record of batch
+// outputs may need: the outputs and up to 1 KiB of metadata.
+func UTXORecordBytes(batch int) int { return batch*UTXOOutputBytes + 1024 }
+
+// UTXOOutput is one output of a transaction being created.
+type UTXOOutput struct {
+	Vout     uint32 `json:"vout"`
+	UTXOHash string `json:"utxo_hash"`
+	Satoshis uint64 `json:"satoshis"`
+}
+
+// UTXOOutpoint names an output: the transaction and its index.
+type UTXOOutpoint struct {
+	TxID     string `json:"txid"`
+	Vout     uint32 `json:"vout"`
+	UTXOHash string `json:"utxo_hash,omitempty"`
+}
+
+// UTXOMinedInfo places a transaction in a block.
+type UTXOMinedInfo struct {
+	BlockID     uint32 `json:"block_id"`
+	BlockHeight uint32 `json:"block_height"`
+	SubtreeIdx  int32  `json:"subtree_idx"`
+}
+
+// UTXOCreateRequest is the body of POST /v1/utxo/create.
+type UTXOCreateRequest struct {
+	TxID        string         `json:"txid"`
+	Outputs     []UTXOOutput   `json:"outputs"`
+	Inputs      []UTXOOutpoint `json:"inputs,omitempty"`
+	Coinbase    bool           `json:"coinbase,omitempty"`
+	Conflicting bool           `json:"conflicting,omitempty"`
+	Locked      bool           `json:"locked,omitempty"`
+	Frozen      bool           `json:"frozen,omitempty"`
+	BlockHeight uint32         `json:"block_height,omitempty"`
+	Mined       *UTXOMinedInfo `json:"mined,omitempty"`
+	TxnID       string         `json:"txn_id,omitempty"`
+	TTLSeconds  int64          `json:"ttl_seconds,omitempty"` // with txn_id: how long the staged create waits for a decision
+}
+
+// UTXOCreateResponse answers POST /v1/utxo/create.
+type UTXOCreateResponse struct {
+	TxID        string          `json:"txid"`
+	Records     int             `json:"records"`
+	TxnID       string          `json:"txn_id,omitempty"`
+	Participant *TxnParticipant `json:"participant,omitempty"`
+}
+
+// UTXOSpend spends one output.
+type UTXOSpend struct {
+	TxID         string `json:"txid"`
+	Vout         uint32 `json:"vout"`
+	UTXOHash     string `json:"utxo_hash"`
+	SpendingTxID string `json:"spending_txid"`
+	Vin          uint32 `json:"vin"`
+}
+
+// UTXOSpendRequest is the body of POST /v1/utxo/spend: all of its spends
+// happen, or none.
+type UTXOSpendRequest struct {
+	Spends            []UTXOSpend `json:"spends"`
+	IgnoreConflicting bool        `json:"ignore_conflicting,omitempty"`
+	IgnoreLocked      bool        `json:"ignore_locked,omitempty"`
+	TxnID             string      `json:"txn_id,omitempty"`
+	TTLSeconds        int64       `json:"ttl_seconds,omitempty"` // with txn_id: how long the reservation waits for a decision
+}
+
+// UTXOSpendResponse answers POST /v1/utxo/spend.
+type UTXOSpendResponse struct {
+	Spent        int              `json:"spent"`
+	TxnID        string           `json:"txn_id,omitempty"`
+	Participants []TxnParticipant `json:"participants,omitempty"`
+}
+
+// UTXOOutpointsRequest is the body of /v1/utxo/unspend, freeze and unfreeze.
+type UTXOOutpointsRequest struct {
+	Outpoints []UTXOOutpoint `json:"outpoints"`
+}
+
+// UTXOReassignRequest is the body of /v1/utxo/reassign: a frozen output
+// gets a new hash and becomes spendable 1000 blocks later.
+type UTXOReassignRequest struct {
+	TxID        string `json:"txid"`
+	Vout        uint32 `json:"vout"`
+	UTXOHash    string `json:"utxo_hash"`
+	NewUTXOHash string `json:"new_utxo_hash"`
+}
+
+// UTXOFlagRequest is the body of /v1/utxo/conflicting and /v1/utxo/locked.
+type UTXOFlagRequest struct {
+	TxIDs []string `json:"txids"`
+	Value bool     `json:"value"`
+}
+
+// UTXOPreserveRequest is the body of /v1/utxo/preserve.
+type UTXOPreserveRequest struct {
+	TxIDs       []string `json:"txids"`
+	UntilHeight uint32   `json:"until_height"`
+}
+
+// UTXOMinedRequest is the body of /v1/utxo/mined: the transactions are in
+// block BlockID (or, with Unset, no longer are).
+type UTXOMinedRequest struct {
+	TxIDs          []string `json:"txids"`
+	BlockID        uint32   `json:"block_id"`
+	BlockHeight    uint32   `json:"block_height"`
+	SubtreeIdx     int32    `json:"subtree_idx"`
+	OnLongestChain bool     `json:"on_longest_chain"`
+	Unset          bool     `json:"unset,omitempty"`
+}
+
+// UTXOLongestChainRequest is the body of /v1/utxo/longest-chain.
+type UTXOLongestChainRequest struct {
+	TxIDs          []string `json:"txids"`
+	OnLongestChain bool     `json:"on_longest_chain"`
+}
+
+// UTXOHeightRequest is the body of /v1/utxo/height.
+type UTXOHeightRequest struct {
+	BlockHeight uint32 `json:"block_height"`
+}
+
+// UTXOUpdateResponse answers the outpoint, flag, mined and height
+// endpoints: how many items changed and, for txid lists, the txids that
+// were not found (they change nothing).
+type UTXOUpdateResponse struct {
+	Updated     int      `json:"updated"`
+	NotFound    []string `json:"not_found,omitempty"`
+	BlockHeight uint32   `json:"block_height,omitempty"`
+}
+
+// UTXOTxOutput is an output as GET /v1/utxo/tx shows it.
+type UTXOTxOutput struct {
+	Vout              uint32  `json:"vout"`
+	UTXOHash          string  `json:"utxo_hash"`
+	Satoshis          uint64  `json:"satoshis"`
+	SpendingTxID      string  `json:"spending_txid,omitempty"`
+	Vin               *uint32 `json:"vin,omitempty"`
+	SpendingData      string  `json:"spending_data,omitempty"` // 36 bytes hex: spending txid, vin (little endian)
+	Frozen            bool    `json:"frozen,omitempty"`
+	SpendableAtHeight uint32  `json:"spendable_at_height,omitempty"`
+	ReservedBy        string  `json:"reserved_by,omitempty"` // a two-phase transaction holding a staged spend
+}
+
+// UTXOTx answers GET /v1/utxo/tx?txid=: every field of the transaction's
+// records.
+type UTXOTx struct {
+	TxID            string         `json:"txid"`
+	Outputs         []UTXOTxOutput `json:"outputs"`
+	Inputs          []UTXOOutpoint `json:"inputs,omitempty"`
+	Coinbase        bool           `json:"coinbase"`
+	Conflicting     bool           `json:"conflicting"`
+	Locked          bool           `json:"locked"`
+	Creating        bool           `json:"creating"`
+	StagedBy        string         `json:"staged_by,omitempty"` // a two-phase transaction whose commit creates it
+	BlockHeight     uint32         `json:"block_height"`
+	BlockIDs        []uint32       `json:"block_ids"`
+	BlockHeights    []uint32       `json:"block_heights"`
+	SubtreeIdxs     []int32        `json:"subtree_idxs"`
+	UnminedSince    *uint32        `json:"unmined_since"`
+	DeleteAtHeight  uint32         `json:"delete_at_height,omitempty"`
+	PreserveUntil   uint32         `json:"preserve_until,omitempty"`
+	DeletedChildren []string       `json:"deleted_children,omitempty"`
+	TotalOutputs    int            `json:"total_outputs"`
+	SpentOutputs    int            `json:"spent_outputs"`
+	Records         int            `json:"records"`
+	RecordsCreating []int          `json:"records_creating,omitempty"`
+	ChainHeight     uint32         `json:"chain_height"`
+}
