@@ -63,6 +63,7 @@ type Options struct {
 	PeerHTTP     *http.Client    // used to reach the leader; nil: http.DefaultClient
 	Queues       Queues          // /v1/queue/...; optional
 	UTXOs        UTXOs           // /v1/utxo/...; optional
+	Chain        Chain           // /v1/utxo/blocks/..., prune, status and /ui/status; optional
 	Gatherer     prometheus.Gatherer
 	Registerer   prometheus.Registerer
 	Logger       *slog.Logger
@@ -124,6 +125,7 @@ func New(o Options) http.Handler {
 	h.routeTxn(route)
 	h.routeQueue(route)
 	h.routeUTXO(route)
+	h.routeChain(route)
 	h.routeAccess(route)
 	if o.Gatherer != nil {
 		route("", "/metrics", serve(promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{})))

@@ -45,7 +45,8 @@ var endpointClass = map[string]class{
 	"/v1/utxo/freeze": classClient, "/v1/utxo/unfreeze": classClient, "/v1/utxo/reassign": classClient,
 	"/v1/utxo/conflicting": classClient, "/v1/utxo/locked": classClient, "/v1/utxo/preserve": classClient,
 	"/v1/utxo/mined": classClient, "/v1/utxo/longest-chain": classClient, "/v1/utxo/height": classClient,
-	"/v1/utxo/tx": classClient,
+	"/v1/utxo/tx": classClient, "/v1/utxo/blocks/apply": classClient, "/v1/utxo/blocks/rollback": classClient,
+	"/v1/utxo/prune": classClient, "/v1/utxo/status": classClient, "/ui/status": classOpen,
 
 	"/v1/tc/leader": classTCClient, "/v1/tc/cluster/list": classTCClient, "/v1/tc/rm/list": classTCClient,
 	"/v1/txn/decide": classTCClient, "/v1/txn/replay": classTCClient, "/v1/txn/status": classTCClient,

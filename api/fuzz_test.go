@@ -49,6 +49,8 @@ var fuzzEndpoints = []struct{ method, path string }{
 	{"POST", "/v1/utxo/unfreeze"}, {"POST", "/v1/utxo/reassign"}, {"POST", "/v1/utxo/conflicting"},
 	{"POST", "/v1/utxo/locked"}, {"POST", "/v1/utxo/preserve"}, {"POST", "/v1/utxo/mined"},
 	{"POST", "/v1/utxo/longest-chain"}, {"POST", "/v1/utxo/height"}, {"GET", "/v1/utxo/tx"},
+	{"POST", "/v1/utxo/blocks/apply"}, {"POST", "/v1/utxo/blocks/rollback"}, {"POST", "/v1/utxo/prune"},
+	{"GET", "/v1/utxo/status"}, {"GET", "/ui/status"},
 }
 
 // unavailable are the codes a 5xx may carry: the node cannot serve now
@@ -495,6 +497,15 @@ func FuzzHTTP(f *testing.F) {
 		{"/v1/utxo/height", "", "", ctJSON, `{"block_height":-1}`},
 		{"/v1/utxo/tx", "", "txid=" + strings.Repeat("a", 64) + "&stale=1", "", ""},
 		{"/v1/utxo/tx", "", "txid=nothex", "", ""},
+		{"/v1/utxo/blocks/apply", "", "", ctJSON, `{"height":1,"hash":"` + strings.Repeat("1", 64) + `","prev_hash":"` +
+			strings.Repeat("0", 64) + `","txs":[{"txid":"` + strings.Repeat("2", 64) + `","coinbase":true,"inputs":[],` +
+			`"outputs":[{"vout":0,"utxo_hash":"` + strings.Repeat("3", 64) + `","satoshis":50}]}]}`},
+		{"/v1/utxo/blocks/apply", "", "", ctJSON, `{"height":2,"hash":"` + strings.Repeat("4", 64) + `","prev_hash":"` +
+			strings.Repeat("1", 64) + `","txs":[{"txid":"` + strings.Repeat("5", 64) + `","inputs":[{"txid":"` +
+			strings.Repeat("2", 64) + `","vout":0,"utxo_hash":"` + strings.Repeat("3", 64) + `"}],"outputs":[]}]}`},
+		{"/v1/utxo/blocks/rollback", "", "", ctJSON, `{"to_height":0}`},
+		{"/v1/utxo/prune", "", "", "", ""},
+		{"/v1/utxo/status", "", "stale=1", "", ""},
 	} {
 		f.Add(ep(s.path), s.method, s.query, s.headers, []byte(s.body))
 	}

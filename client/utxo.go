@@ -117,3 +117,36 @@ func (c *Client) UTXOGet(ctx context.Context, txid string, stale bool) (*wire.UT
 	_, err := c.doJSON(ctx, call{method: http.MethodGet, path: "/v1/utxo/tx", query: q, idempotent: true}, &out)
 	return &out, err
 }
+
+// UTXOApplyBlock applies a whole block. Applying the block already applied
+// is a no-op (AlreadyApplied), so the call is resent after an ambiguous
+// failure.
+func (c *Client) UTXOApplyBlock(ctx context.Context, req wire.UTXOBlockRequest) (*wire.UTXOBlockResponse, error) {
+	var out wire.UTXOBlockResponse
+	return &out, c.utxoPost(ctx, "/v1/utxo/blocks/apply", true, req, &out)
+}
+
+// UTXORollback undoes the blocks above toHeight; rolling back to a height
+// already reached changes nothing.
+func (c *Client) UTXORollback(ctx context.Context, toHeight uint32) (*wire.UTXORollbackResponse, error) {
+	var out wire.UTXORollbackResponse
+	return &out, c.utxoPost(ctx, "/v1/utxo/blocks/rollback", true, wire.UTXORollbackRequest{ToHeight: toHeight}, &out)
+}
+
+// UTXOPrune runs one prune pass now and reports what it did.
+func (c *Client) UTXOPrune(ctx context.Context) (*wire.UTXOPruneResponse, error) {
+	var out wire.UTXOPruneResponse
+	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/utxo/prune", idempotent: true}, &out)
+	return &out, err
+}
+
+// UTXOStatus returns the UTXO status view.
+func (c *Client) UTXOStatus(ctx context.Context, stale bool) (*wire.UTXOStatus, error) {
+	q := url.Values{}
+	if stale {
+		q.Set("stale", "1")
+	}
+	var out wire.UTXOStatus
+	_, err := c.doJSON(ctx, call{method: http.MethodGet, path: "/v1/utxo/status", query: q, idempotent: true}, &out)
+	return &out, err
+}

@@ -63,6 +63,11 @@ type Server struct {
 	UTXOBatchSize       int   // outputs per record; a larger transaction is stored as several records
 	MaxEntryBytes       int   // largest Raft entry a UTXO command may encode to
 	MaxUTXORequestBytes int64 // largest body of a UTXO create or spend request
+	// Blocks and pruning.
+	UTXORetentionBlocks uint32        // blocks a spent, mined transaction is kept (delete-at-height = height + retention)
+	UTXORollbackWindow  uint32        // blocks whose undo deltas are kept (never fewer than the retention)
+	UTXOPruneBatch      int           // transactions one prune pass looks at
+	UTXOPruneInterval   time.Duration // time between prune passes on the leader
 
 	// Transactions across islands (other raftlockd clusters).
 	TCPeers            []string      // API endpoints of other islands to register with
@@ -117,6 +122,10 @@ func Default() Server {
 		UTXOBatchSize:       wire.UTXODefaultBatchSize,
 		MaxEntryBytes:       wire.UTXODefaultEntryBytes,
 		MaxUTXORequestBytes: 32 << 20,
+		UTXORetentionBlocks: 288,
+		UTXORollbackWindow:  4320,
+		UTXOPruneBatch:      1000,
+		UTXOPruneInterval:   time.Second,
 		TCFanoutTimeout:     5 * time.Second,
 		TCFanoutAttempts:    4,
 		TCFanoutBaseDelay:   50 * time.Millisecond,
@@ -195,6 +204,9 @@ func (s *Server) Validate() error {
 	}
 	if s.QueueVisibility < time.Second || s.QueueMaxAttempts < 1 || s.MaxPayloadBytes <= 0 {
 		errs = append(errs, errors.New("need queue-visibility >= 1s, queue-max-attempts >= 1 and max-payload-bytes > 0"))
+	}
+	if s.UTXORetentionBlocks < 1 || s.UTXORollbackWindow < s.UTXORetentionBlocks || s.UTXOPruneBatch < 1 || s.UTXOPruneInterval <= 0 {
+		errs = append(errs, fmt.Errorf("need utxo-retention-blocks >= 1, utxo-rollback-window >= the retention, utxo-prune-batch >= 1 and utxo-prune-interval > 0"))
 	}
 	if s.UTXOBatchSize < 1 || s.MaxUTXORequestBytes <= 0 || s.MaxEntryBytes < wire.UTXORecordBytes(s.UTXOBatchSize) {
 		errs = append(errs, fmt.Errorf("need utxo-batch-size >= 1, max-utxo-request-bytes > 0 and max-entry-bytes >= %d (%d bytes per output of a batch plus 1 KiB)",

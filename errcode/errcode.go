@@ -38,6 +38,11 @@ type Item struct {
 	Code         string  `json:"code"`
 	SpendingTxID string  `json:"spending_txid,omitempty"`
 	Vin          *uint32 `json:"vin,omitempty"`
+	// A block's item: Index is the transaction's position in the block,
+	// TxID names it and Input is the failing input (absent when the
+	// transaction itself failed).
+	TxID  string  `json:"txid,omitempty"`
+	Input *uint32 `json:"input,omitempty"`
 }
 
 func (e *Error) Error() string {
@@ -164,6 +169,12 @@ var (
 	TxNotFound         = code("tx_not_found")         // no such transaction
 	UTXOSpendFailed    = code("utxo_spend_failed")    // a spend item failed: nothing was spent
 	UTXOUpdateFailed   = code("utxo_outpoint_failed") // an outpoint item failed: nothing changed
+	InvalidUTXOBlock   = code("invalid_utxo_block")   // a malformed block or rollback request
+	BlockNotOnTip      = code("block_not_on_tip")     // the block's prev_hash is not the last applied block
+	BlockRejected      = code("block_rejected")       // a transaction or input of the block failed: nothing was applied
+	// BlockRollbackWindow: the rollback reaches below the oldest block
+	// whose undo delta is kept.
+	BlockRollbackWindow = code("block_beyond_rollback_window")
 )
 
 // Transactions across islands.

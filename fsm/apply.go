@@ -3,6 +3,7 @@ package fsm
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"strings"
 
 	bolt "go.etcd.io/bbolt"
@@ -25,6 +26,8 @@ type applyState struct {
 	term    uint64 // Raft term of the entry being applied
 	// authChanged is set when the batch changed an access list.
 	authChanged bool
+	// ustats are the UTXO counters, when the batch read them.
+	ustats *UTXOStats
 }
 
 func beginApply(tx *bolt.Tx) *applyState {
@@ -42,6 +45,9 @@ func (s *applyState) finish(index, term uint64) {
 	v := putU64(index)
 	v = append(v, putU64(term)...)
 	must(meta.Put(metaApplied, v))
+	if s.ustats != nil {
+		s.putJSON(bucketMeta, metaUTXOStats, s.ustats)
+	}
 	if s.dirty {
 		must(meta.Put(metaNow, putU64(uint64(s.now))))
 		must(meta.Put(metaSeq, putU64(s.seq)))
@@ -51,11 +57,20 @@ func (s *applyState) finish(index, term uint64) {
 func (s *applyState) putJSON(bucket, key []byte, v any) {
 	raw, err := json.Marshal(v)
 	must(err)
-	must(s.b(bucket).Put(key, raw))
+	s.put(bucket, key, raw)
 }
 
-func (s *applyState) put(bucket, key, val []byte) { must(s.b(bucket).Put(key, val)) }
-func (s *applyState) del(bucket, key []byte)      { must(s.b(bucket).Delete(key)) }
+// putFault, when set, fails the writes to the buckets it reports, as a
+// failing disk would: the fault tests use it.
+var putFault func(bucket []byte) bool
+
+func (s *applyState) put(bucket, key, val []byte) {
+	if putFault != nil && putFault(bucket) {
+		must(errors.New("fsm: injected storage fault"))
+	}
+	must(s.b(bucket).Put(key, val))
+}
+func (s *applyState) del(bucket, key []byte) { must(s.b(bucket).Delete(key)) }
 
 func (s *applyState) emit(e Event) { s.events = append(s.events, e) }
 
@@ -119,6 +134,10 @@ func (s *applyState) apply(data []byte) *Result {
 		return s.utxoSpend(c.UTXOSpend)
 	case OpUTXOUpdate:
 		return s.utxoUpdate(c.UTXOUpdate)
+	case OpUTXOBlock:
+		return s.utxoBlock(c.UTXOBlock)
+	case OpUTXOPrune:
+		return s.utxoPrune(c.UTXOPrune)
 	}
 	return fail(errcode.UnknownCmd.With("%q", c.Op))
 }

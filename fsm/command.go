@@ -37,6 +37,8 @@ const (
 	OpUTXOCreate Op = "utxo_create"
 	OpUTXOSpend  Op = "utxo_spend"
 	OpUTXOUpdate Op = "utxo_update"
+	OpUTXOBlock  Op = "utxo_block"
+	OpUTXOPrune  Op = "utxo_prune"
 )
 
 // formatV1 is the first byte of every encoded command.
@@ -73,6 +75,8 @@ type Command struct {
 	UTXOCreate *UTXOCreateCmd  `json:"utxo_create,omitempty"`
 	UTXOSpend  *UTXOSpendCmd   `json:"utxo_spend,omitempty"`
 	UTXOUpdate *UTXOUpdateCmd  `json:"utxo_update,omitempty"`
+	UTXOBlock  *UTXOBlockCmd   `json:"utxo_block,omitempty"`
+	UTXOPrune  *UTXOPruneCmd   `json:"utxo_prune,omitempty"`
 }
 
 // AcquireCmd grants a lease on a key, or queues the caller behind the holder.
@@ -178,6 +182,8 @@ func Encode(c *Command) ([]byte, error) {
 		doc = c.Enqueue.Payload
 	case c.UTXOCreate != nil:
 		doc = EncodeUTXOOuts(c.UTXOCreate.Outputs)
+	case c.UTXOBlock != nil:
+		doc = EncodeBlockTxs(c.UTXOBlock.Txs)
 	}
 	out := make([]byte, 0, 2+len(h)+len(doc))
 	out = append(out, formatV1)
@@ -206,7 +212,7 @@ func Decode(data []byte) (*Command, error) {
 		c.Sweep != nil, c.Noop != nil, c.SetBackend != nil, c.Decide != nil, c.Prepare != nil, c.RMApply != nil,
 		c.Ack != nil, c.RMRegister != nil, c.Enqueue != nil, c.Dequeue != nil, c.QCancel != nil, c.QAck != nil,
 		c.QNack != nil, c.QExtend != nil, c.Revoke != nil, c.Trust != nil, c.UTXOCreate != nil, c.UTXOSpend != nil,
-		c.UTXOUpdate != nil} {
+		c.UTXOUpdate != nil, c.UTXOBlock != nil, c.UTXOPrune != nil} {
 		if p {
 			set++
 		}
@@ -264,6 +270,10 @@ func Decode(data []byte) (*Command, error) {
 		ok = c.UTXOSpend != nil
 	case OpUTXOUpdate:
 		ok = c.UTXOUpdate != nil
+	case OpUTXOBlock:
+		ok = c.UTXOBlock != nil
+	case OpUTXOPrune:
+		ok = c.UTXOPrune != nil
 	default:
 		return nil, errcode.UnknownCmd.With("%q", c.Op)
 	}
@@ -281,6 +291,12 @@ func Decode(data []byte) (*Command, error) {
 			return nil, errcode.MalformedCmd.With("bad utxo outputs")
 		}
 		c.UTXOCreate.Outputs = outs
+	case c.UTXOBlock != nil:
+		txs, ok := decodeBlockTxs(payload)
+		if !ok {
+			return nil, errcode.MalformedCmd.With("bad block transactions")
+		}
+		c.UTXOBlock.Txs = txs
 	case len(payload) > 0:
 		return nil, errcode.MalformedCmd.With("unexpected payload")
 	}

@@ -24,14 +24,14 @@ type recorder struct{ events []Event }
 func (r *recorder) Observe(ev []Event) { r.events = append(r.events, ev...) }
 
 type harness struct {
-	t     *testing.T
+	t     testing.TB
 	f     *FSM
 	rec   *recorder
 	index uint64
 	now   int64
 }
 
-func openHarness(t *testing.T, dir string) *harness {
+func openHarness(t testing.TB, dir string) *harness {
 	t.Helper()
 	rec := &recorder{}
 	f, err := Open(filepath.Join(dir, "state.db"), Options{Observers: []Observer{rec}, BootID: "boot-a",
@@ -43,7 +43,7 @@ func openHarness(t *testing.T, dir string) *harness {
 	return &harness{t: t, f: f, rec: rec, index: f.Applied(), now: 1_000_000}
 }
 
-func logOf(t *testing.T, index uint64, c *Command) *raft.Log {
+func logOf(t testing.TB, index uint64, c *Command) *raft.Log {
 	t.Helper()
 	data, err := Encode(c)
 	if err != nil {

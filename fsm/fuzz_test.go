@@ -128,5 +128,11 @@ func fuzzSeeds() []*Command {
 		{Op: OpUTXOUpdate, UTXOUpdate: &UTXOUpdateCmd{Kind: UTXOHeight, Height: 1 << 31}},
 		utxoStep(UTXOPhaseRecord, 1), utxoStep(UTXOPhaseLock, 0),
 		{Op: OpTxnDecide, Decide: &DecideCmd{TxnID: "t1", State: TxnCommit}},
+		blockCmd(1, btx(1, 2), btx(2, 1, [2]int{1, 0})), blockCmd(2, btx(3, 1, [2]int{1, 1}), btx(4, 1, [2]int{9, 0})),
+		{Op: OpUTXOBlock, UTXOBlock: &UTXOBlockCmd{Phase: BlockPhaseStage, Height: 3, Hash: blockHash(3), Txs: []BlockTx{btx(5, 1)}}},
+		{Op: OpUTXOBlock, UTXOBlock: &UTXOBlockCmd{Phase: BlockPhaseApply, Height: 3, Hash: blockHash(3), Prev: blockHash(2), Chunks: 1}},
+		rollbackCmd(1), rollbackCmd(0),
+		{Op: OpUTXOPrune, UTXOPrune: &UTXOPruneCmd{Limit: 3, Retention: 1, Window: 1}},
+		{Op: OpUTXOUpdate, UTXOUpdate: &UTXOUpdateCmd{Kind: UTXOConflicting, TxIDs: []string{genTxIDs[0]}, Value: true}},
 	}
 }

@@ -25,7 +25,8 @@ var allBuckets = [][]byte{bucketMeta, bucketKeys, bucketDocs, bucketWaiters, buc
 	bucketLeaseExp, bucketWaitExp, bucketWaitTxn, bucketTxns, bucketTxnDone,
 	bucketTxnExp, bucketTxnFanout, bucketTxnDoubt, bucketTCTerms, bucketRMs,
 	bucketQMsgs, bucketQBodies, bucketQReady, bucketQVis, bucketQTTL, bucketQWaiters, bucketQWaitReq, bucketQWaitExp,
-	bucketRevoked, bucketTrust, bucketUTXORecs, bucketUTXOOuts, bucketUTXOHolds, bucketUTXOExp}
+	bucketRevoked, bucketTrust, bucketUTXORecs, bucketUTXOOuts, bucketUTXOHolds, bucketUTXOExp,
+	bucketUTXODAH, bucketUTXOPreserve, bucketUTXOBlocks, bucketUTXOUndo, bucketUTXOStage}
 
 var (
 	metaApplied = []byte("applied") // index(8) term(8)

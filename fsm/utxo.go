@@ -4,7 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"encoding/hex"
-	"encoding/json"
+	"fmt"
 	"slices"
 
 	"github.com/raftlockd/raftlockd/errcode"
@@ -77,6 +77,10 @@ type UTXOMaster struct {
 	Inputs          []UTXOPoint `json:"inputs,omitempty"`
 	StagedBy        string      `json:"staged_by,omitempty"` // the two-phase transaction whose commit creates it
 	CreatedAt       int64       `json:"created_at"`
+
+	// The delete-at-height and preserve-until the record was read with:
+	// writing the master moves its index entries when they changed.
+	dahWas, presWas uint32
 }
 
 // UTXOLock is the lock record of a creation in progress.
@@ -246,8 +250,10 @@ type UTXOResult struct {
 	NotFound []string `json:"not_found,omitempty"`
 	// Recover lists transactions a spend found creating with no live
 	// lock: their creation was abandoned and may be completed.
-	Recover []string `json:"recover,omitempty"`
-	Height  uint32   `json:"height,omitempty"`
+	Recover []string     `json:"recover,omitempty"`
+	Height  uint32       `json:"height,omitempty"`
+	Block   *BlockResult `json:"block,omitempty"`
+	Prune   *PruneResult `json:"prune,omitempty"`
 }
 
 // UTXO helpers.
@@ -273,9 +279,13 @@ func holdKey(txn string, txid []byte) []byte {
 func (r reader) utxoHeight() uint32 { return uint32(u64(r.b(bucketMeta).Get(metaUTXOHeight))) }
 
 func (r reader) utxoRecord(txid []byte, idx uint32) *UTXORecord {
-	var rec UTXORecord
-	if !r.getJSON(bucketUTXORecs, recKey(txid, idx), &rec) {
+	raw := r.b(bucketUTXORecs).Get(recKey(txid, idx))
+	if raw == nil {
 		return nil
+	}
+	var rec UTXORecord
+	if err := decodeRecord(raw, &rec); err != nil {
+		must(fmt.Errorf("fsm: decode record %x: %w", recKey(txid, idx), err))
 	}
 	return &rec
 }
@@ -285,6 +295,7 @@ func (r reader) utxoMaster(txid []byte) *UTXORecord {
 	if rec == nil || rec.Master == nil {
 		return nil
 	}
+	rec.Master.dahWas, rec.Master.presWas = rec.Master.DeleteAtHeight, rec.Master.PreserveUntil
 	return rec
 }
 
@@ -297,9 +308,13 @@ func (r reader) utxoLock(txid []byte) *UTXOLock {
 }
 
 func (r reader) utxoOut(txid []byte, vout uint32) *utxoOutput {
-	var o utxoOutput
-	if !r.getJSON(bucketUTXOOuts, recKey(txid, vout), &o) {
+	raw := r.b(bucketUTXOOuts).Get(recKey(txid, vout))
+	if raw == nil {
 		return nil
+	}
+	var o utxoOutput
+	if err := decodeOut(raw, &o); err != nil {
+		must(fmt.Errorf("fsm: decode output %x: %w", recKey(txid, vout), err))
 	}
 	return &o
 }
@@ -323,8 +338,13 @@ func (r reader) utxoPresent(txid []byte, records int) []int {
 	return out
 }
 
+// putUTXORecord writes a record; writing a master first brings its
+// delete-at-height up to date (see utxoLifecycle).
 func (s *applyState) putUTXORecord(txid []byte, idx uint32, rec *UTXORecord) {
-	s.putJSON(bucketUTXORecs, recKey(txid, idx), rec)
+	if idx == 0 && rec.Master != nil {
+		s.utxoLifecycle(txid, rec)
+	}
+	s.put(bucketUTXORecs, recKey(txid, idx), encodeRecord(rec))
 }
 
 func (s *applyState) setUTXOTimer(when int64, ref []byte) {
@@ -535,6 +555,10 @@ func (s *applyState) utxoRecordPhase(c *UTXOCreateCmd, txid []byte) *Result {
 	if c.Master != nil {
 		m := *c.Master
 		m.Spent, m.CreatedAt, m.StagedBy = 0, s.now, c.TxnID
+		m.Inputs = slices.Clone(m.Inputs)
+		for i := range m.Inputs {
+			m.Inputs[i].Hash = "" // a master names its inputs; their hashes are checked by spends
+		}
 		m.DeleteAtHeight, m.DeletedChildren = 0, nil
 		if len(m.BlockIDs) == 0 {
 			h := s.utxoHeight()
@@ -546,14 +570,20 @@ func (s *applyState) utxoRecordPhase(c *UTXOCreateCmd, txid []byte) *Result {
 		rec.Master = &m
 	}
 	for _, o := range c.Outputs {
-		s.putJSON(bucketUTXOOuts, recKey(txid, o.Vout), utxoOutput{Hash: hex.EncodeToString(o.Hash[:]), Sats: o.Sats, Frozen: c.Frozen})
+		s.putOut(recKey(txid, o.Vout), &utxoOutput{Hash: hex.EncodeToString(o.Hash[:]), Sats: o.Sats, Frozen: c.Frozen})
 	}
 	s.putUTXORecord(txid, uint32(c.Record), rec)
+	st := s.utxoStats()
+	st.Records++
+	st.Outputs += int64(len(c.Outputs))
+	if c.Record == 0 {
+		st.Txs++
+	}
 	return &Result{UTXO: &UTXOResult{}}
 }
 
 // txCheck is the per-transaction part of a spend's checks, in order.
-func (s *applyState) txCheck(m *UTXORecord, txn string, ignoreConflicting, ignoreLocked bool) string {
+func (s *applyState) txCheck(m *UTXORecord, txn string, ignoreConflicting, ignoreLocked bool, height uint32) string {
 	switch {
 	case m == nil:
 		return wire.UTXOTxNotFound
@@ -565,25 +595,26 @@ func (s *applyState) txCheck(m *UTXORecord, txn string, ignoreConflicting, ignor
 		return wire.UTXOConflicting
 	case m.Master.Locked && !ignoreLocked:
 		return wire.UTXOLocked
-	case m.Master.Coinbase && uint64(s.utxoHeight()) < uint64(m.Master.Height)+wire.UTXOCoinbaseMaturity:
+	case m.Master.Coinbase && uint64(height) < uint64(m.Master.Height)+wire.UTXOCoinbaseMaturity:
 		return wire.UTXOCoinbaseImmature
 	}
 	return ""
 }
 
 // utxoBatch caches the masters and outputs one command reads and changes,
-// and writes the changed ones back in the order they were first changed.
+// and writes the changed ones back in key order.
 type utxoBatch struct {
 	s        *applyState
 	masters  map[string]*UTXORecord
 	outs     map[string]*utxoOutput
-	dirtyM   []string
+	dirtyM   []string // in the order first changed
 	dirtyO   []string
+	dirty    map[string]bool // keys in dirtyM or dirtyO ('m' or 'o' first)
 	failures []errcode.Item
 }
 
 func newUTXOBatch(s *applyState) *utxoBatch {
-	return &utxoBatch{s: s, masters: map[string]*UTXORecord{}, outs: map[string]*utxoOutput{}}
+	return &utxoBatch{s: s, masters: map[string]*UTXORecord{}, outs: map[string]*utxoOutput{}, dirty: map[string]bool{}}
 }
 
 func (b *utxoBatch) master(txid []byte) *UTXORecord {
@@ -607,13 +638,19 @@ func (b *utxoBatch) out(txid []byte, vout uint32) *utxoOutput {
 }
 
 func (b *utxoBatch) touchMaster(txid []byte) {
-	if k := string(txid); !slices.Contains(b.dirtyM, k) {
+	if k := string(txid); !b.dirty["m"+k] {
+		b.dirty["m"+k] = true
 		b.dirtyM = append(b.dirtyM, k)
 	}
 }
 
 func (b *utxoBatch) touchOut(txid []byte, vout uint32) {
-	if k := string(recKey(txid, vout)); !slices.Contains(b.dirtyO, k) {
+	b.touchOutKey(string(recKey(txid, vout)))
+}
+
+func (b *utxoBatch) touchOutKey(k string) {
+	if !b.dirty["o"+k] {
+		b.dirty["o"+k] = true
 		b.dirtyO = append(b.dirtyO, k)
 	}
 }
@@ -627,12 +664,16 @@ func (b *utxoBatch) failItem(i int, code string, o *utxoOutput) {
 	b.failures = append(b.failures, it)
 }
 
+// flush writes the changed values in key order, which keeps bbolt's
+// cursor on neighbouring pages.
 func (b *utxoBatch) flush() {
+	slices.Sort(b.dirtyM)
+	slices.Sort(b.dirtyO)
 	for _, k := range b.dirtyM {
 		b.s.putUTXORecord([]byte(k), 0, b.masters[k])
 	}
 	for _, k := range b.dirtyO {
-		b.s.putJSON(bucketUTXOOuts, []byte(k), b.outs[k])
+		b.s.putOut([]byte(k), b.outs[k])
 	}
 }
 
@@ -677,7 +718,7 @@ func (s *applyState) utxoSpend(c *UTXOSpendCmd) *Result {
 	for i, sp := range c.Spends {
 		txid, _ := txidBytes(sp.TxID)
 		m := b.master(txid)
-		if code := s.txCheck(m, c.TxnID, c.IgnoreConflicting, c.IgnoreLocked); code != "" {
+		if code := s.txCheck(m, c.TxnID, c.IgnoreConflicting, c.IgnoreLocked, s.utxoHeight()); code != "" {
 			b.failItem(i, code, nil)
 			if code == wire.UTXOCreating && !slices.Contains(recover, sp.TxID) {
 				if l := s.utxoLock(txid); l == nil || (l.Txn == "" && l.ExpiresAt <= s.now) {
@@ -1020,14 +1061,20 @@ func (r utxoResource) finish(txn string, commit bool) {
 			rec.Master.Spent++
 		}
 		o.Rsv = nil
-		r.s.putJSON(bucketUTXOOuts, recKey(r.txid, v), o)
+		r.s.putOut(recKey(r.txid, v), o)
 	}
 	r.s.putUTXORecord(r.txid, 0, rec)
 }
 
-// dropUTXOTx deletes every record and output of txid and its lock.
+// dropUTXOTx deletes every record and output of txid, its lock and its
+// index entries.
 func (s *applyState) dropUTXOTx(txid []byte) {
 	s.dropLock(txid)
+	if rec := s.utxoMaster(txid); rec != nil {
+		s.unindexUTXO(txid, rec.Master)
+		s.utxoStats().Txs--
+	}
+	st := s.utxoStats()
 	for _, b := range [][]byte{bucketUTXOOuts, bucketUTXORecs} {
 		var keys [][]byte
 		c := s.b(b).Cursor()
@@ -1036,6 +1083,11 @@ func (s *applyState) dropUTXOTx(txid []byte) {
 		}
 		for _, k := range keys {
 			s.del(b, k)
+		}
+		if bytes.Equal(b, bucketUTXOOuts) {
+			st.Outputs -= int64(len(keys))
+		} else {
+			st.Records -= int64(len(keys))
 		}
 	}
 }
@@ -1078,7 +1130,7 @@ func (v *View) UTXOTx(txidHex string) *wire.UTXOTx {
 	c := v.b(bucketUTXOOuts).Cursor()
 	for k, val := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, val = c.Next() {
 		var o utxoOutput
-		must(json.Unmarshal(val, &o))
+		must(decodeOut(val, &o))
 		to := wire.UTXOTxOutput{Vout: binary.BigEndian.Uint32(k[32:]), UTXOHash: o.Hash, Satoshis: o.Sats, Frozen: o.Frozen,
 			SpendableAtHeight: o.SpendableAt}
 		if o.Spent {

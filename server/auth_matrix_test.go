@@ -327,6 +327,31 @@ func (c *matrixCell) utxoTx() *wire.UTXOTx {
 	return tx
 }
 
+// nextBlock is a block extending the island's chain whose one transaction
+// is the cell's.
+func (c *matrixCell) nextBlock() wire.UTXOBlockRequest {
+	st, err := c.admin.UTXOStatus(c.ctx(), false)
+	if err != nil {
+		c.t.Fatalf("setup utxo status: %v", err)
+	}
+	b := wire.UTXOBlockRequest{Height: st.ChainHeight + 1, PrevHash: fmt.Sprintf("%064x", 0), Hash: fmt.Sprintf("%064x", c.n+2<<40),
+		Txs: []wire.UTXOBlockTx{{TxID: c.utxoID(), Coinbase: true,
+			Outputs: []wire.UTXOOutput{{Vout: 0, UTXOHash: c.utxoHash(), Satoshis: 1}}}}}
+	if st.LastBlock != nil {
+		b.PrevHash = st.LastBlock.Hash
+	}
+	return b
+}
+
+// blockApplied applies the cell's block and returns its height.
+func (c *matrixCell) blockApplied() uint32 {
+	b := c.nextBlock()
+	if _, err := c.admin.UTXOApplyBlock(c.ctx(), b); err != nil {
+		c.t.Fatalf("setup block: %v", err)
+	}
+	return b.Height
+}
+
 // utxoRow is a UTXO endpoint taking the JSON body body builds; done says
 // whether it took effect.
 func utxoRow(path string, write bool, body func(c *matrixCell) any, done func(c *matrixCell) bool) matrixRow {
@@ -337,6 +362,8 @@ func utxoRow(path string, write bool, body func(c *matrixCell) any, done func(c 
 	}
 	return r
 }
+
+func serialRow(r matrixRow) matrixRow { r.serial = true; return r }
 
 // matrixRow is one endpoint.
 type matrixRow struct {
@@ -350,6 +377,9 @@ type matrixRow struct {
 	// after checks, once the request was answered, that it took effect
 	// exactly when it was allowed.
 	after func(c *matrixCell, allowed bool)
+	// serial runs the row's callers one after the other: their cells
+	// share one thing (the chain's tip).
+	serial bool
 }
 
 func (r matrixRow) name() string { return r.method + " " + r.path }
@@ -540,6 +570,14 @@ func matrixRows() []matrixRow {
 		utxoRow("/v1/utxo/height", true, func(c *matrixCell) any { return wire.UTXOHeightRequest{BlockHeight: 0} }, nil),
 		{method: http.MethodGet, path: "/v1/utxo/tx", class: clientEP, ok: outcome{200, ""},
 			req: func(c *matrixCell) *http.Request { c.utxoCreated(); return c.get("/v1/utxo/tx?txid=" + c.utxoID()) }},
+		serialRow(utxoRow("/v1/utxo/blocks/apply", true, func(c *matrixCell) any { return c.nextBlock() },
+			func(c *matrixCell) bool { return c.utxoTx() != nil })),
+		serialRow(utxoRow("/v1/utxo/blocks/rollback", true, func(c *matrixCell) any {
+			return wire.UTXORollbackRequest{ToHeight: c.blockApplied() - 1}
+		}, func(c *matrixCell) bool { return c.utxoTx() == nil })),
+		utxoRow("/v1/utxo/prune", true, func(c *matrixCell) any { return struct{}{} }, nil),
+		{method: http.MethodGet, path: "/v1/utxo/status", class: clientEP, ok: outcome{200, ""}},
+		{method: http.MethodGet, path: "/ui/status", class: open, ok: outcome{200, ""}},
 
 		// The coordinator's client face.
 		{method: http.MethodGet, path: "/v1/tc/leader", class: tcClient, ok: outcome{200, ""}},
@@ -766,10 +804,15 @@ func runMatrix(t *testing.T, ms matrixServer) {
 		t.Run(r.name(), func(t *testing.T) {
 			var wg sync.WaitGroup
 			for _, caller := range names {
+				cell := func() { t.Run(caller, func(t *testing.T) { runCell(t, ms, r, caller, adminSDK, st.BackendHash) }) }
+				if r.serial {
+					cell()
+					continue
+				}
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
-					t.Run(caller, func(t *testing.T) { runCell(t, ms, r, caller, adminSDK, st.BackendHash) })
+					cell()
 				}()
 			}
 			wg.Wait()

@@ -47,6 +47,7 @@ type Server struct {
 	log      *slog.Logger
 	node     *cluster.Node
 	sweeper  *sweeper.Sweeper
+	pruner   *sweeper.Pruner
 	resolver *tc.Resolver
 	http     *http.Server
 	listener net.Listener
@@ -201,7 +202,12 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 		DefaultMaxAttempts: cfg.QueueMaxAttempts, MaxPayloadBytes: cfg.MaxPayloadBytes, MaxWait: cfg.AcquireBlock}, id, coord)
 	utxos := rm.NewUTXOs(node, node, rm.UTXOLimits{BatchSize: cfg.UTXOBatchSize, MaxEntryBytes: cfg.MaxEntryBytes,
 		DefaultTxnTTL: cfg.DefaultTTL, MaxTxnTTL: cfg.MaxTTL})
-	reg.MustRegister(newStateCollector(node, waits))
+	chain := rm.NewChain(node, rm.ChainLimits{MaxEntryBytes: cfg.MaxEntryBytes, Retention: cfg.UTXORetentionBlocks,
+		Window: cfg.UTXORollbackWindow, PruneBatch: cfg.UTXOPruneBatch})
+	chain.Observe(newChainMetrics(reg).observe)
+	pruner := sweeper.NewPruner(chain, pruneDue{node}, cfg.UTXOPruneInterval, log)
+	node.OnLeadership(pruner.SetLeader)
+	reg.MustRegister(newStateCollector(node, waits), newUTXOCollector(node))
 	var authn api.Authenticator
 	if checker != nil {
 		authn = checker
@@ -209,12 +215,12 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 	handler := api.New(api.Options{Auth: authn, NodeID: id, Leases: keys, Releaser: coord, Ready: readiness{node},
 		Leadership: node, Cluster: node, Backups: node, TC: node, Coordinator: coord,
 		RM: rm.NewEnlisted(node, node, leaderClock), LeaderOf: node, PeerHTTP: peers, Queues: queues,
-		UTXOs: utxos, MaxUTXOBodyBytes: cfg.MaxUTXORequestBytes,
+		UTXOs: utxos, Chain: chain, MaxUTXOBodyBytes: cfg.MaxUTXORequestBytes,
 		Access: access.New(node, node.FSM()), TCAuthDisabled: cfg.TCDisableAuth,
 		Gatherer: reg, Registerer: reg, Logger: log, Pprof: cfg.Pprof})
 
 	base, drain := context.WithCancelCause(context.Background())
-	s = &Server{cfg: cfg, log: log, node: node, tls: src, sweeper: sw, resolver: resolver, listener: ln, served: make(chan error, 1), registry: reg,
+	s = &Server{cfg: cfg, log: log, node: node, tls: src, sweeper: sw, pruner: pruner, resolver: resolver, listener: ln, served: make(chan error, 1), registry: reg,
 		drain: drain, done: make(chan struct{}),
 		http: &http.Server{
 			Handler:           handler,
@@ -304,6 +310,15 @@ func (f proposerFunc) Propose(ctx context.Context, c *fsm.Command) (*fsm.Result,
 type clockFunc func() time.Time
 
 func (f clockFunc) Now() time.Time { return f() }
+
+// pruneDue asks the node's state whether a prune pass has work.
+type pruneDue struct{ node *cluster.Node }
+
+func (p pruneDue) PruneDue() bool {
+	due := false
+	_ = p.node.FSM().View(func(v *fsm.View) error { due = v.UTXOPruneDue(); return nil })
+	return due
+}
 
 type scheduleFunc func(retention int64) (int64, bool)
 
@@ -454,6 +469,7 @@ func (s *Server) close(ctx context.Context) error {
 // stopNode stops the leader-only loops, then the node itself.
 func (s *Server) stopNode() error {
 	s.sweeper.Stop()
+	s.pruner.Stop()
 	s.resolver.Stop()
 	return s.node.Close()
 }

@@ -12,11 +12,11 @@ import (
 	"context"
 	"log/slog"
 	"math"
-	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/raftlockd/raftlockd/fsm"
+	"github.com/raftlockd/raftlockd/internal/leaderloop"
 )
 
 // Proposer replicates a command.
@@ -50,11 +50,8 @@ type Sweeper struct {
 	kick    chan struct{}
 	planned atomic.Int64 // Unix ms of the planned wake-up
 
-	mu      sync.Mutex
-	stopped bool
-	cancel  context.CancelFunc
-	done    chan struct{}
-	sweeps  atomic.Int64
+	leaderloop.Loop
+	sweeps atomic.Int64
 }
 
 // New returns a stopped sweeper.
@@ -75,74 +72,7 @@ func New(p Proposer, s Schedule, c Clock, cfg Config) *Sweeper {
 
 // SetLeader starts the sweeper when this node gains leadership and stops it
 // when leadership is lost. It does not block.
-func (s *Sweeper) SetLeader(isLeader bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.cancel != nil {
-		s.cancel()
-		s.cancel = nil
-	}
-	if !isLeader || s.stopped {
-		return
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s.cancel = cancel
-	prev := s.done
-	done := make(chan struct{})
-	s.done = done
-	go func() {
-		defer close(done)
-		if prev != nil {
-			<-prev
-		}
-		s.run(ctx)
-	}()
-}
-
-// Stop stops the sweeper for good and waits for its goroutine.
-func (s *Sweeper) Stop() {
-	s.mu.Lock()
-	s.stopped = true
-	if s.cancel != nil {
-		s.cancel()
-		s.cancel = nil
-	}
-	done := s.done
-	s.mu.Unlock()
-	if done != nil {
-		<-done
-	}
-}
-
-// Running reports whether a sweep loop goroutine is active: started and not
-// yet returned (a loop that lost leadership counts until its in-flight
-// proposal has been answered and it has exited).
-func (s *Sweeper) Running() bool {
-	select {
-	case <-s.Stopped():
-		return false
-	default:
-		return true
-	}
-}
-
-// Stopped returns a channel that is closed once the latest sweep loop has
-// exited, with any proposal it had in flight answered; it is already closed
-// when no loop was ever started. A loop started later gets a new channel.
-func (s *Sweeper) Stopped() <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.done == nil {
-		return closedCh
-	}
-	return s.done
-}
-
-var closedCh = func() chan struct{} {
-	c := make(chan struct{})
-	close(c)
-	return c
-}()
+func (s *Sweeper) SetLeader(isLeader bool) { s.Set(isLeader, s.run) }
 
 // Sweeps counts the sweep entries proposed.
 func (s *Sweeper) Sweeps() int64 { return s.sweeps.Load() }

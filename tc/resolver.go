@@ -8,6 +8,7 @@ import (
 
 	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/fsm"
+	"github.com/raftlockd/raftlockd/internal/leaderloop"
 	"github.com/raftlockd/raftlockd/wire"
 )
 
@@ -25,11 +26,9 @@ type Resolver struct {
 
 	kick chan struct{}
 
-	mu      sync.Mutex
-	stopped bool
-	cancel  context.CancelFunc
-	done    chan struct{}
-	rounds  int
+	leaderloop.Loop
+	mu     sync.Mutex
+	rounds int
 }
 
 // NewResolver returns a stopped resolver for c.
@@ -45,44 +44,7 @@ func NewResolver(c *Coordinator, interval, registry time.Duration) *Resolver {
 
 // SetLeader starts the resolver when this node gains leadership and stops
 // it when leadership is lost. It does not block.
-func (r *Resolver) SetLeader(isLeader bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.cancel != nil {
-		r.cancel()
-		r.cancel = nil
-	}
-	if !isLeader || r.stopped {
-		return
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	r.cancel = cancel
-	prev := r.done
-	done := make(chan struct{})
-	r.done = done
-	go func() {
-		defer close(done)
-		if prev != nil {
-			<-prev
-		}
-		r.run(ctx)
-	}()
-}
-
-// Stop stops the resolver for good and waits for it.
-func (r *Resolver) Stop() {
-	r.mu.Lock()
-	r.stopped = true
-	if r.cancel != nil {
-		r.cancel()
-		r.cancel = nil
-	}
-	done := r.done
-	r.mu.Unlock()
-	if done != nil {
-		<-done
-	}
-}
+func (r *Resolver) SetLeader(isLeader bool) { r.Set(isLeader, r.run) }
 
 // Rounds counts the completed rounds (for tests and metrics).
 func (r *Resolver) Rounds() int {

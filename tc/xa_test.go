@@ -624,17 +624,19 @@ func TestInDoubtParticipantAsksItsCoordinator(t *testing.T) {
 
 	// A prepare that a's coordinator never recorded (it crashed before, or
 	// the request is forged): b locks kb and holds it until it hears a
-	// decision, past the lease's expiry.
+	// decision, past the lease's expiry (whole seconds: at least 2 s from
+	// now, so that the checks below run before it).
 	txn := xid.New().String()
+	expires := time.Now().Add(3 * time.Second).Unix()
 	out, err := b.client().TxnPrepare(ctx, wire.TxnDecisionRequest{TxnID: txn, TCTerm: term, TCBackendHash: a.hash(),
-		ExpiresAtUnix: time.Now().Add(time.Second).Unix(), Owner: "w", Participants: []wire.TxnParticipant{part("kb", b)}})
+		ExpiresAtUnix: expires, Owner: "w", Participants: []wire.TxnParticipant{part("kb", b)}})
 	if err != nil || out.State != fsm.TxnPending {
 		t.Fatalf("prepare: %+v %v", out, err)
 	}
 	// A second prepare of the same participants changes nothing.
 	before := b.applied()
 	if _, err := b.client().TxnPrepare(ctx, wire.TxnDecisionRequest{TxnID: txn, TCTerm: term, TCBackendHash: a.hash(),
-		ExpiresAtUnix: time.Now().Add(time.Second).Unix(), Owner: "w", Participants: []wire.TxnParticipant{part("kb", b)}}); err != nil {
+		ExpiresAtUnix: expires, Owner: "w", Participants: []wire.TxnParticipant{part("kb", b)}}); err != nil {
 		t.Fatal(err)
 	}
 	if b.applied() != before {

@@ -17,20 +17,24 @@ const UTXOParticipantNamespace = ".utxo"
 // Per-item codes of a failed UTXO operation (UTXOItemError.Code). A spend
 // reserved by another two-phase transaction fails with "LOCKED:<txn_id>".
 const (
-	UTXOTxNotFound        = "TX_NOT_FOUND"
-	UTXOCreating          = "CREATING"
-	UTXOConflicting       = "CONFLICTING"
-	UTXOLocked            = "LOCKED"
-	UTXOCoinbaseImmature  = "COINBASE_IMMATURE"
-	UTXONotFound          = "UTXO_NOT_FOUND"
-	UTXOHashMismatch      = "UTXO_HASH_MISMATCH"
-	UTXOFrozenUntil       = "FROZEN_UNTIL"
-	UTXOInvalidSpend      = "INVALID_SPEND"
-	UTXOFrozen            = "FROZEN"
-	UTXOSpent             = "SPENT"
-	UTXOAlreadyFrozen     = "ALREADY_FROZEN"
-	UTXONotFrozen         = "UTXO_NOT_FROZEN"
-	UTXOLockedPrefix      = "LOCKED:"
+	UTXOTxNotFound       = "TX_NOT_FOUND"
+	UTXOCreating         = "CREATING"
+	UTXOConflicting      = "CONFLICTING"
+	UTXOLocked           = "LOCKED"
+	UTXOCoinbaseImmature = "COINBASE_IMMATURE"
+	UTXONotFound         = "UTXO_NOT_FOUND"
+	UTXOHashMismatch     = "UTXO_HASH_MISMATCH"
+	UTXOFrozenUntil      = "FROZEN_UNTIL"
+	UTXOInvalidSpend     = "INVALID_SPEND"
+	UTXOFrozen           = "FROZEN"
+	UTXOSpent            = "SPENT"
+	UTXOAlreadyFrozen    = "ALREADY_FROZEN"
+	UTXONotFrozen        = "UTXO_NOT_FROZEN"
+	UTXOLockedPrefix     = "LOCKED:"
+	// In a block: a transaction given twice, or one whose outputs are out
+	// of order.
+	UTXOTxExists          = "TX_EXISTS"
+	UTXOInvalid           = "INVALID_TX"
 	UTXOCoinbaseMaturity  = 100  // blocks before a coinbase output is spendable
 	UTXOReassignMaturity  = 1000 // blocks before a reassigned output is spendable
 	UTXODefaultBatchSize  = 20000
@@ -208,4 +212,114 @@ type UTXOTx struct {
 	Records         int            `json:"records"`
 	RecordsCreating []int          `json:"records_creating,omitempty"`
 	ChainHeight     uint32         `json:"chain_height"`
+}
+
+// UTXOBlockInput is an input of a block transaction: the output it spends.
+type UTXOBlockInput struct {
+	TxID     string `json:"txid"`
+	Vout     uint32 `json:"vout"`
+	UTXOHash string `json:"utxo_hash"`
+}
+
+// UTXOBlockTx is one transaction of a block.
+type UTXOBlockTx struct {
+	TxID     string           `json:"txid"`
+	Coinbase bool             `json:"coinbase,omitempty"`
+	Inputs   []UTXOBlockInput `json:"inputs"`
+	Outputs  []UTXOOutput     `json:"outputs"`
+}
+
+// UTXOBlockRequest is the body of POST /v1/utxo/blocks/apply.
+type UTXOBlockRequest struct {
+	Height   uint32        `json:"height"`
+	Hash     string        `json:"hash"`
+	PrevHash string        `json:"prev_hash"`
+	Txs      []UTXOBlockTx `json:"txs"`
+}
+
+// UTXOBlockInfo describes an applied block.
+type UTXOBlockInfo struct {
+	Height     uint32 `json:"height"`
+	Hash       string `json:"hash"`
+	PrevHash   string `json:"prev_hash"`
+	BlockID    uint32 `json:"block_id"`
+	Txs        int    `json:"txs"`
+	Created    int    `json:"created"`
+	Mined      int    `json:"mined"`
+	Spent      int    `json:"spent"`
+	AppliedAt  int64  `json:"applied_at_unix_ms"`
+	EntryCount int    `json:"raft_entries,omitempty"`
+}
+
+// UTXOBlockResponse answers POST /v1/utxo/blocks/apply.
+type UTXOBlockResponse struct {
+	Block          UTXOBlockInfo `json:"block"`
+	AlreadyApplied bool          `json:"already_applied,omitempty"`
+	ChainHeight    uint32        `json:"chain_height"`
+}
+
+// UTXORollbackRequest is the body of POST /v1/utxo/blocks/rollback.
+type UTXORollbackRequest struct {
+	ToHeight uint32 `json:"to_height"`
+}
+
+// UTXORollbackResponse answers POST /v1/utxo/blocks/rollback.
+type UTXORollbackResponse struct {
+	Undone      []UTXOBlockInfo `json:"undone"`
+	ChainHeight uint32          `json:"chain_height"`
+}
+
+// UTXORetained counts due transactions a prune pass kept, by reason.
+type UTXORetained struct {
+	UnminedChild    int64 `json:"unmined_child"`
+	UnstableChild   int64 `json:"unstable_child"`
+	UnreadableChild int64 `json:"unreadable_child"`
+}
+
+// UTXOPruneResponse answers POST /v1/utxo/prune: what one pass did.
+type UTXOPruneResponse struct {
+	Examined    int          `json:"examined"`
+	Pruned      []string     `json:"pruned"`
+	Retained    UTXORetained `json:"retained"`
+	Preserved   int          `json:"preserved"`
+	DeltasFreed int          `json:"deltas_freed"`
+	Cursor      string       `json:"cursor"`
+	Wrapped     bool         `json:"wrapped"`
+	ChainHeight uint32       `json:"chain_height"`
+	DurationMs  float64      `json:"duration_ms"`
+}
+
+// UTXOTiming is the latest and the mean duration of an operation on this
+// node, and how many were timed.
+type UTXOTiming struct {
+	Count  int64   `json:"count"`
+	LastMs float64 `json:"last_ms"`
+	MeanMs float64 `json:"mean_ms"`
+}
+
+// UTXOStatus answers GET /v1/utxo/status.
+type UTXOStatus struct {
+	ChainHeight      uint32         `json:"chain_height"`
+	LastBlock        *UTXOBlockInfo `json:"last_block"`
+	RetentionBlocks  uint32         `json:"retention_blocks"`
+	RollbackWindow   uint32         `json:"rollback_window"`
+	OldestRollback   uint32         `json:"oldest_rollback_height"`
+	Deltas           int            `json:"deltas_kept"`
+	Transactions     int64          `json:"transactions"`
+	Records          int64          `json:"records"`
+	Outputs          int64          `json:"outputs"`
+	DAHPending       int64          `json:"dah_pending"`
+	DAHDue           int            `json:"dah_due"`
+	PruneCursor      string         `json:"prune_cursor"`
+	Pruned           int64          `json:"pruned_total"`
+	PrunePasses      int64          `json:"prune_passes"`
+	PruneCycles      int64          `json:"prune_cycles"`
+	Retained         UTXORetained   `json:"retained_current_cycle"`
+	RetainedLast     UTXORetained   `json:"retained_last_cycle"`
+	BlocksApplied    int64          `json:"blocks_applied"`
+	BlocksRolledBack int64          `json:"blocks_rolled_back"`
+	Apply            UTXOTiming     `json:"apply"`
+	Rollback         UTXOTiming     `json:"rollback"`
+	Prune            UTXOTiming     `json:"prune"`
+	Node             string         `json:"node,omitempty"`
 }

@@ -43,6 +43,8 @@ type benchFlags struct {
 	raftTimeout                              time.Duration
 	cpuProfile, second, bundlePath, dir      string
 	peer, etcdBin, serverProfile, goalsOut   string
+	blocks                                   string
+	rollbackBlocks                           int
 	etcd                                     bench.EtcdOptions
 	opts                                     bench.Options
 }
@@ -78,7 +80,14 @@ UTXO records), runs every workload against both with etcd's Go client
 expressing the same workload, alternating (raftlockd, etcd, raftlockd,
 etcd, ... --rounds times), and prints one table with the ratio
 (raftlockd/etcd) per row; --failover-rounds then alternates leader kills
-on both.`,
+on both.
+
+With --blocks it measures blocks instead: one chain of blocks of two-input,
+two-output transactions ("1000x100,10000x10": 100 blocks of 1,000
+transactions, then 10 of 10,000) applied in order through
+/v1/utxo/blocks/apply, the last --rollback-blocks of each size rolled back
+one at a time and applied again, while the leader prunes spent
+transactions (the servers keep them 10 blocks and prune every 100 ms).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runBench(cmd, &bf) },
 	}
@@ -111,6 +120,8 @@ on both.`,
 	f.IntVar(&bf.opts.Payload, "payload", 256, "bytes written per lock cycle")
 	f.IntVar(&bf.opts.ParentOutputs, "utxo-parent-outputs", bench.DefaultParentOutputs,
 		"utxo-spend: outputs of each parent transaction a client creates to spend")
+	f.StringVar(&bf.blocks, "blocks", "", `measure block applies instead of workloads: TXSxBLOCKS[,...], e.g. "1000x100,10000x10"`)
+	f.IntVar(&bf.rollbackBlocks, "rollback-blocks", 5, "with --blocks: blocks of each size rolled back (and applied again) to time rollbacks")
 	f.StringVar(&bf.format, "format", "table", "table, json or markdown")
 	f.StringVar(&bf.cpuProfile, "cpuprofile", "", "write a CPU profile of the bench process (with --embedded: client and server) to this file")
 	f.StringVar(&bf.serverProfile, "server-profile", "", "with --spawn: for every raftlockd run, write a CPU profile of the leader "+
@@ -184,6 +195,9 @@ func runBench(cmd *cobra.Command, bf *benchFlags) error {
 			}
 			extra = append(extra, "--pprof")
 		}
+		if bf.blocks != "" {
+			extra = append(extra, blockBenchFlags...)
+		}
 		if cl, err = bench.SpawnCluster(ctx, bin, dir, bf.spawn, bf.raftTimeout, extra...); err != nil {
 			return err
 		}
@@ -191,7 +205,7 @@ func runBench(cmd *cobra.Command, bf *benchFlags) error {
 		bf.target, lease = strings.Join(cl.Endpoints(), ","), cl.Client
 	}
 	if bf.embedded {
-		is, stop, err := startEmbedded(ctx, bf.islands)
+		is, stop, err := startEmbedded(ctx, bf.islands, bf.blocks != "")
 		if err != nil {
 			return err
 		}
@@ -218,6 +232,9 @@ func runBench(cmd *cobra.Command, bf *benchFlags) error {
 	driver, err := raftlockdDriver(ctx, bf, lease, tcBundle, hashes)
 	if err != nil {
 		return err
+	}
+	if bf.blocks != "" {
+		return runBlockBench(cmd, bf, driver.Clients[0])
 	}
 	systems := []bench.System{{Driver: driver}}
 	if cl != nil {
@@ -436,7 +453,7 @@ type embeddedIslands struct {
 // startEmbedded starts n single-node islands in temporary directories,
 // with server bundles of one CA made for the run (so that they trust each
 // other) and registered with each other.
-func startEmbedded(ctx context.Context, n int) (is *embeddedIslands, stop func(), err error) {
+func startEmbedded(ctx context.Context, n int, blocks bool) (is *embeddedIslands, stop func(), err error) {
 	if n < 1 || n > 2 {
 		return nil, nil, fmt.Errorf("--islands: want 1 or 2")
 	}
@@ -478,6 +495,10 @@ func startEmbedded(ctx context.Context, n int) (is *embeddedIslands, stop func()
 		dirs = append(dirs, dir)
 		cfg := config.Default()
 		cfg.DataDir, cfg.Listen, cfg.RaftListen, cfg.GossipListen = dir, "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"
+		if blocks {
+			cfg.UTXORetentionBlocks, cfg.UTXORollbackWindow = blockBenchRetention, 2*blockBenchRetention
+			cfg.UTXOPruneInterval, cfg.UTXOPruneBatch = blockBenchPruneInterval, blockBenchPruneBatch
+		}
 		srvBundle, err := ca.Issue(auth.RoleServer, auth.IssueOptions{Name: fmt.Sprintf("island %d", i+1),
 			Hosts: []string{"127.0.0.1", "localhost"}})
 		if err != nil {
@@ -515,4 +536,35 @@ func startEmbedded(ctx context.Context, n int) (is *embeddedIslands, stop func()
 		}
 	}
 	return is, stop, nil
+}
+
+// The servers of a blocks benchmark keep spent transactions a few blocks
+// only, so that pruning runs while blocks are applied.
+const (
+	blockBenchRetention     = 10
+	blockBenchPruneInterval = 100 * time.Millisecond
+	blockBenchPruneBatch    = 5000
+)
+
+var blockBenchFlags = []string{
+	fmt.Sprintf("--utxo-retention-blocks=%d", blockBenchRetention),
+	fmt.Sprintf("--utxo-rollback-window=%d", 2*blockBenchRetention),
+	fmt.Sprintf("--utxo-prune-interval=%s", blockBenchPruneInterval),
+	fmt.Sprintf("--utxo-prune-batch=%d", blockBenchPruneBatch),
+}
+
+// runBlockBench is `raftlockd bench --blocks`.
+func runBlockBench(cmd *cobra.Command, bf *benchFlags, c *client.Client) error {
+	runs, err := bench.ParseBlockRuns(bf.blocks)
+	if err != nil {
+		return fmt.Errorf("--blocks: %w", err)
+	}
+	res, err := bench.RunBlocks(cmd.Context(), c, runs, bf.rollbackBlocks)
+	if err != nil {
+		return err
+	}
+	if bf.format == "json" {
+		return bench.WriteJSON(cmd.OutOrStdout(), res)
+	}
+	return bench.WriteBlockTable(cmd.OutOrStdout(), res)
 }

@@ -55,6 +55,16 @@ its index in the request and its reason (SPENT names the spender).`,
 			(*client.Client).UTXOSetLongestChain),
 		utxoCmd(opts, "height", "Set the chain height", (*client.Client).UTXOSetHeight),
 		newUTXOGetCmd(opts),
+		newUTXOBlockCmd(opts),
+		utxoFlagCmd(opts, "status", "Print the UTXO status: chain height, last block, pruning and timings",
+			func(cmd *cobra.Command) func(*client.Client, context.Context) (any, error) {
+				stale := cmd.Flags().Bool("stale", false, "read from the server's own copy, without asking the leader (may be behind)")
+				return func(c *client.Client, ctx context.Context) (any, error) { return c.UTXOStatus(ctx, *stale) }
+			}),
+		utxoFlagCmd(opts, "prune", "Run one prune pass now and print what it did",
+			func(*cobra.Command) func(*client.Client, context.Context) (any, error) {
+				return func(c *client.Client, ctx context.Context) (any, error) { return c.UTXOPrune(ctx) }
+			}),
 	} {
 		bindEnv(sub, clientEnv)
 		cmd.AddCommand(sub)
@@ -168,6 +178,59 @@ func readRequest(cmd *cobra.Command, file string, v any) error {
 	return nil
 }
 
+func newUTXOBlockCmd(opts *clientOpts) *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "block",
+		Short: "Apply a block, or roll blocks back",
+		Long: `Apply a block, or roll blocks back. apply reads the block, the JSON body of
+/v1/utxo/blocks/apply, from --file or stdin:
+
+    {"height":N,"hash":"<hash>","prev_hash":"<hash>","txs":[{"txid":"<txid>","coinbase":false,
+      "inputs":[{"txid":"<parent>","vout":0,"utxo_hash":"<hash>"}],
+      "outputs":[{"vout":0,"utxo_hash":"<hash>","satoshis":1000}]}]}
+
+A block is applied whole or not at all; a rejected block lists every
+failing transaction and input.`,
+	}
+	apply := utxoCmd(opts, "apply", "Apply a whole block", (*client.Client).UTXOApplyBlock)
+	rollback := utxoFlagCmd(opts, "rollback", "Undo the blocks above --to-height",
+		func(cmd *cobra.Command) func(*client.Client, context.Context) (any, error) {
+			to := cmd.Flags().Int64("to-height", -1, "the height to roll back to (required)")
+			return func(c *client.Client, ctx context.Context) (any, error) {
+				if *to < 0 || *to > 1<<32-1 {
+					return nil, errors.New("--to-height is required: a block height")
+				}
+				return c.UTXORollback(ctx, uint32(*to))
+			}
+		})
+	for _, sub := range []*cobra.Command{apply, rollback} {
+		bindEnv(sub, clientEnv)
+		cmd.AddCommand(sub)
+	}
+	return cmd
+}
+
+// utxoFlagCmd is a command without a request body: setup declares its
+// flags and returns the call, whose answer is printed as JSON.
+func utxoFlagCmd(opts *clientOpts, use, short string,
+	setup func(cmd *cobra.Command) func(*client.Client, context.Context) (any, error)) *cobra.Command {
+	cmd := &cobra.Command{Use: use, Short: short, Args: cobra.NoArgs}
+	call := setup(cmd)
+	cmd.RunE = func(cmd *cobra.Command, _ []string) error {
+		c, ctx, cancel, err := opts.open(cmd)
+		defer cancel()
+		if err != nil {
+			return err
+		}
+		out, err := call(c, ctx)
+		if err != nil {
+			return withItems(err)
+		}
+		return printJSON(cmd.OutOrStdout(), out)
+	}
+	return cmd
+}
+
 func newUTXOGetCmd(opts *clientOpts) *cobra.Command {
 	var txid string
 	var stale bool
@@ -215,7 +278,17 @@ func withItems(err error) error {
 	var b strings.Builder
 	list := func(what string, items []errcode.Item) {
 		for _, it := range items {
-			fmt.Fprintf(&b, "\n  %s[%d]: %s", what, it.Index, it.Code)
+			if it.TxID != "" { // a block's transaction
+				what = "txs"
+			}
+			fmt.Fprintf(&b, "\n  %s[%d]", what, it.Index)
+			if it.TxID != "" {
+				fmt.Fprintf(&b, " %s", it.TxID)
+			}
+			if it.Input != nil {
+				fmt.Fprintf(&b, " input %d", *it.Input)
+			}
+			fmt.Fprintf(&b, ": %s", it.Code)
 			if it.SpendingTxID != "" {
 				fmt.Fprintf(&b, " by %s", it.SpendingTxID)
 				if it.Vin != nil {

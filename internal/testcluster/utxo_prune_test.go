@@ -1,0 +1,117 @@
+package testcluster
+
+import (
+	"context"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/raftlockd/raftlockd/config"
+	"github.com/raftlockd/raftlockd/internal/chaingen"
+	"github.com/raftlockd/raftlockd/internal/testutil"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// Blocks are applied on a three-node cluster while the leader's pruner
+// deletes spent transactions a few at a time; the leader crashes in the
+// middle of it. The new leader's pruner resumes from the replicated
+// cursor: in the end every fully spent transaction whose children are
+// stable is gone, deleted once (the pruned counter equals the number of
+// transactions that are gone), the one whose child is unmined is still
+// there, and every node holds the same state.
+func TestLeaderCrashInTheMiddleOfPruning(t *testing.T) {
+	c := Start(t, 3, Configure(func(cfg *config.Server) {
+		cfg.UTXORetentionBlocks, cfg.UTXORollbackWindow = 2, 4
+		cfg.UTXOPruneBatch, cfg.UTXOPruneInterval = 3, 150*time.Millisecond
+	}))
+	leader := c.WaitLeader(10 * time.Second)
+	cl := c.RetryingClient(others(c, leader)[0])
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+
+	gen := chaingen.New("prune")
+	var blocks []wire.UTXOBlockRequest
+	blocks = append(blocks, gen.Fund(102, 2)) // 51 transactions; the blocks spend 50
+	for i := 0; i < 5; i++ {
+		blocks = append(blocks, gen.Block(10, 2, 2)) // each spends both outputs of one earlier transaction
+	}
+	for _, b := range blocks {
+		if _, err := cl.UTXOApplyBlock(ctx, b); err != nil {
+			t.Fatalf("block %d: %v", b.Height, err)
+		}
+	}
+	// A transaction of the funding block spent by a child that is not
+	// mined: it must stay.
+	kept := blocks[0].Txs[50]
+	child := chaingen.Hex("unmined child")
+	if _, err := cl.UTXOCreate(ctx, wire.UTXOCreateRequest{TxID: child, Outputs: []wire.UTXOOutput{{Vout: 0,
+		UTXOHash: chaingen.Hex("unmined child", "out"), Satoshis: 1}}}); err != nil {
+		t.Fatal(err)
+	}
+	var spends []wire.UTXOSpend
+	for _, o := range kept.Outputs {
+		spends = append(spends, wire.UTXOSpend{TxID: kept.TxID, Vout: o.Vout, UTXOHash: o.UTXOHash, SpendingTxID: child, Vin: o.Vout})
+	}
+	if _, err := cl.UTXOSpend(ctx, wire.UTXOSpendRequest{Spends: spends}); err != nil {
+		t.Fatal(err)
+	}
+	// Which transactions are fully spent by mined children.
+	spentBy := map[string]int{}
+	for _, b := range blocks {
+		for _, tx := range b.Txs {
+			for _, in := range tx.Inputs {
+				spentBy[in.TxID]++
+			}
+		}
+	}
+	var gone []string
+	for _, b := range blocks {
+		for _, tx := range b.Txs {
+			if spentBy[tx.TxID] == len(tx.Outputs) {
+				gone = append(gone, tx.TxID)
+			}
+		}
+	}
+	// Move the chain on so that every child is stable: pruning starts.
+	for i := 0; i < 3; i++ {
+		if _, err := cl.UTXOApplyBlock(ctx, gen.Fund(2, 2)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testutil.WaitFor(t, 30*time.Second, "the pruner to have started", func() bool {
+		st, err := cl.UTXOStatus(ctx, false)
+		return err == nil && st.Pruned > 0
+	})
+	before, err := cl.UTXOStatus(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if before.Pruned >= int64(len(gone)) {
+		t.Fatalf("pruning finished before the crash (%d of %d): make the passes smaller", before.Pruned, len(gone))
+	}
+	c.Crash(leader)
+	testutil.WaitFor(t, 60*time.Second, "the new leader to finish pruning", func() bool {
+		st, err := cl.UTXOStatus(ctx, false)
+		return err == nil && st.DAHDue == 1 && st.Pruned >= int64(len(gone))
+	})
+	st, err := cl.UTXOStatus(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Pruned != int64(len(gone)) || st.PrunePasses <= before.PrunePasses || st.RetainedLast.UnminedChild != 1 {
+		t.Fatalf("pruned %d of %d; passes %d then %d; %+v", st.Pruned, len(gone), before.PrunePasses, st.PrunePasses, st)
+	}
+	for _, b := range blocks {
+		for _, tx := range b.Txs {
+			_, err := cl.UTXOGet(ctx, tx.TxID, false)
+			if want := !slices.Contains(gone, tx.TxID); (err == nil) != want {
+				t.Errorf("%s: present %v, want %v (%v)", tx.TxID, err == nil, want, err)
+			}
+		}
+	}
+	if _, err := cl.UTXOGet(ctx, kept.TxID, false); err != nil {
+		t.Fatalf("the parent of an unmined child was deleted: %v", err)
+	}
+	c.Start(leader)
+	c.WaitConverged(20 * time.Second)
+}
