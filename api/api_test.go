@@ -15,6 +15,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/raftlockd/raftlockd/fsm"
+	"github.com/raftlockd/raftlockd/internal/chaingen"
 	"github.com/raftlockd/raftlockd/internal/testutil"
 	"github.com/raftlockd/raftlockd/server"
 	"github.com/raftlockd/raftlockd/wire"
@@ -581,8 +582,17 @@ func TestProbesAndMetrics(t *testing.T) {
 	testutil.WaitFor(t, 5*time.Second, "waiter gauge", func() bool {
 		return strings.Contains(metrics(), "raftlockd_lease_waiters 1")
 	})
+	block := chaingen.New("metrics").Fund(2, 2)
+	if r := e.post("/v1/utxo/blocks/apply", nil, block); r.status != 200 {
+		t.Fatalf("block: %d %s", r.status, r.body)
+	}
 	m := metrics()
 	for _, want := range []string{
+		"raftlockd_utxo_chain_height 1",
+		"raftlockd_utxo_transactions 1",
+		"raftlockd_utxo_outputs 2",
+		`raftlockd_utxo_op_duration_seconds_bucket{op="apply"`,
+		`raftlockd_utxo_op_items_bucket{op="apply"`,
 		`raftlockd_http_requests_total{code="200",endpoint="/v1/acquire"}`,
 		"raftlockd_http_request_seconds_bucket",
 		"raftlockd_raft_apply_batch_entries_bucket",
