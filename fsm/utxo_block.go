@@ -33,7 +33,7 @@ import (
 // marked mined lose that block and, with no block left, become unmined.
 
 var (
-	bucketUTXOBlocks = []byte("utxo_blocks") // height(4) -> blockRecord
+	bucketUTXOBlocks = []byte("utxo_blocks") // height(4) -> BlockInfo
 	bucketUTXOUndo   = []byte("utxo_undo")   // height(4) -> undo delta (binary)
 	bucketUTXOStage  = []byte("utxo_bstage") // height(4)|hash(32)|chunk(4) -> encoded txs
 	metaUTXOBlockSeq = []byte("utxo_block_seq")
@@ -103,11 +103,16 @@ const (
 	maxBlockTxs = 1 << 22
 )
 
+// BlockTxBytes is the size of t in a block command's payload.
+func BlockTxBytes(t BlockTx) int {
+	return blockTxHead + len(t.Inputs)*blockInSize + len(t.Outputs)*utxoOutBytes
+}
+
 // EncodeBlockTxs packs transactions as the payload of a block command.
 func EncodeBlockTxs(txs []BlockTx) []byte {
 	n := 0
 	for _, t := range txs {
-		n += blockTxHead + len(t.Inputs)*blockInSize + len(t.Outputs)*utxoOutBytes
+		n += BlockTxBytes(t)
 	}
 	b := make([]byte, 0, n)
 	for _, t := range txs {
@@ -157,9 +162,6 @@ func decodeBlockTxs(b []byte) ([]BlockTx, bool) {
 	}
 	return txs, true
 }
-
-// blockRecord is an applied block as kept in utxo_blocks.
-type blockRecord = BlockInfo
 
 func u32Key(h uint32) []byte { return binary.BigEndian.AppendUint32(nil, h) }
 
@@ -611,15 +613,4 @@ func (s *applyState) freeDeltas(limit int) int {
 		s.del(bucketUTXOUndo, k)
 	}
 	return len(keys)
-}
-
-// Block returns the block applied at height, or nil.
-func (v *View) Block(height uint32) *BlockInfo { return v.blockAt(height) }
-
-// PlanBlock checks a block against the current state without writing: the
-// failing items, or none when it would apply. Proposers use it to refuse a
-// block before it takes a Raft entry.
-func (v *View) PlanBlock(txs []BlockTx, height uint32) []errcode.Item {
-	s := &applyState{reader: v.reader}
-	return s.planBlock(txs, height, uint32(u64(v.b(bucketMeta).Get(metaUTXOBlockSeq)))+1).fails
 }

@@ -43,15 +43,10 @@ func BenchmarkBlockApply(b *testing.B) {
 	h := openHarness(b, b.TempDir())
 	c := &benchChain{}
 	const n = 1000
-	h.ok(blockCmdFor(1, c.block(n)))
+	h.ok(blockCmd(1, c.block(n)...))
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
-		h.ok(blockCmdFor(uint32(i+2), c.block(n)))
+		h.ok(blockCmd(uint32(i+2), c.block(n)...))
 	}
 	b.ReportMetric(float64(2*n*b.N)/b.Elapsed().Seconds(), "spends/s")
-}
-
-func blockCmdFor(h uint32, txs []BlockTx) *Command {
-	c := blockCmd(h, txs...)
-	return c
 }

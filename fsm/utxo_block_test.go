@@ -163,8 +163,6 @@ func TestRollbackRestoresSpentOutputsExactly(t *testing.T) {
 		t.Fatalf("tx 5 existed before block 2 and is unmined now: %+v", m)
 	}
 	// Apart from tx 5's unmined mark, everything is as before.
-	h.ok(&Command{Op: OpUTXOUpdate, UTXOUpdate: &UTXOUpdateCmd{Kind: UTXOLongestChain, TxIDs: []string{tidHex(5)}}})
-	h.ok(&Command{Op: OpUTXOUpdate, UTXOUpdate: &UTXOUpdateCmd{Kind: UTXOLongestChain, TxIDs: []string{tidHex(5)}}})
 	after := h.hashWithoutMeta()
 	if !bytes.Equal(stripTx(before, 5), stripTx(after, 5)) {
 		t.Fatalf("rollback did not restore the state:\n%s\n%s", before, after)
@@ -244,4 +242,38 @@ func TestBlockApplyInterruptedMidwayLeavesNothing(t *testing.T) {
 	}
 	h2.index = applied
 	h2.ok(blockCmd(2, btx(2, 2, [2]int{1, 0}), btx(3, 2, [2]int{1, 1})))
+}
+
+// Undo deltas are kept for the rollback window (never less than the
+// retention): a prune pass frees older ones, and a rollback reaching below
+// what is kept is refused and changes nothing.
+func TestRollbackWindowBoundsTheDeltasKept(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	for height := uint32(1); height <= 8; height++ {
+		c := blockCmd(height, btx(byte(height), 1))
+		c.UTXOBlock.Retention, c.UTXOBlock.Window = 2, 3
+		h.ok(c)
+	}
+	due := func() (d bool) {
+		_ = h.f.View(func(v *View) error { d = v.UTXOPruneDue(); return nil })
+		return d
+	}
+	if !due() {
+		t.Fatal("deltas out of the window, yet no prune pass due")
+	}
+	r := h.ok(&Command{Op: OpUTXOPrune, UTXOPrune: &UTXOPruneCmd{Limit: 100}}).UTXO.Prune
+	if r.DeltasFreed != 5 || due() {
+		t.Fatalf("freed %d deltas, still due %v", r.DeltasFreed, due())
+	}
+	if st := h.status(); st.Deltas != 3 || st.OldestDelta != 5 {
+		t.Fatalf("status %+v", st)
+	}
+	before := h.hashWithoutMeta()
+	wantCode(t, h.one(rollbackCmd(4)), errcode.BlockRollbackWindow)
+	if !bytes.Equal(before, h.hashWithoutMeta()) {
+		t.Fatal("a refused rollback changed the state")
+	}
+	if r := h.ok(rollbackCmd(5)); len(r.UTXO.Block.Undone) != 3 || h.tx(6) != nil || h.tx(5) == nil {
+		t.Fatalf("rollback to the oldest height kept: %+v", r.UTXO.Block)
+	}
 }

@@ -66,9 +66,6 @@ func NewChain(store Store, limits ChainLimits) *Chain {
 // Observe sets the function told of every timed operation.
 func (c *Chain) Observe(fn func(op string, d time.Duration, items int)) { c.observe = fn }
 
-// Limits returns the chain's policies.
-func (c *Chain) Limits() ChainLimits { return c.limits }
-
 func (c *Chain) timed(op string, start time.Time, items int) float64 {
 	d := time.Since(start)
 	ms := float64(d.Microseconds()) / 1000
@@ -167,15 +164,15 @@ func (c *Chain) ApplyBlock(ctx context.Context, req wire.UTXOBlockRequest) (*wir
 	cmd := &fsm.UTXOBlockCmd{Phase: fsm.BlockPhaseApply, Height: req.Height, Hash: hash, Prev: prev, Txs: txs,
 		Retention: c.limits.Retention, Window: c.limits.Window}
 	entries := 1
-	if c.size(cmd) > c.limits.MaxEntryBytes {
+	if payload(txs) > c.limits.MaxEntryBytes-blockHeaderBytes {
 		// Too large for one entry: stage it in chunks nothing reads, then
 		// apply the whole from a small entry.
-		chunks := c.chunks(txs)
+		chunks, err := c.chunks(txs)
+		if err != nil {
+			return nil, err
+		}
 		for i, part := range chunks {
 			stage := &fsm.UTXOBlockCmd{Phase: fsm.BlockPhaseStage, Height: req.Height, Hash: hash, Chunk: i, Txs: part}
-			if c.size(stage) > c.limits.MaxEntryBytes {
-				return nil, errcode.RequestTooLarge.With("txs: one transaction needs more than a %d-byte entry", c.limits.MaxEntryBytes)
-			}
 			res, err := c.propose(ctx, stage)
 			if err != nil {
 				return nil, err
@@ -208,29 +205,34 @@ func (c *Chain) ApplyBlock(ctx context.Context, req wire.UTXOBlockRequest) (*wir
 	return out, nil
 }
 
-func (c *Chain) size(cmd *fsm.UTXOBlockCmd) int {
-	raw, err := fsm.Encode(&fsm.Command{Op: fsm.OpUTXOBlock, Now: time.Now().UnixMilli(), UTXOBlock: cmd})
-	if err != nil {
-		return 1 << 62
+// blockHeaderBytes is room for a block command's JSON header in its entry.
+const blockHeaderBytes = 1024
+
+func payload(txs []fsm.BlockTx) int {
+	n := 0
+	for _, t := range txs {
+		n += fsm.BlockTxBytes(t)
 	}
-	return len(raw)
+	return n
 }
 
-// chunks splits txs into runs that each fit an entry with room for the
-// command's header.
-func (c *Chain) chunks(txs []fsm.BlockTx) [][]fsm.BlockTx {
-	budget := c.limits.MaxEntryBytes - 1024
+// chunks splits txs into runs that each fit an entry with its header.
+func (c *Chain) chunks(txs []fsm.BlockTx) ([][]fsm.BlockTx, error) {
+	budget := c.limits.MaxEntryBytes - blockHeaderBytes
 	var out [][]fsm.BlockTx
 	start, size := 0, 0
 	for i, t := range txs {
-		n := 41 + len(t.Inputs)*68 + len(t.Outputs)*wire.UTXOOutputBytes
-		if size+n > budget && i > start {
+		n := fsm.BlockTxBytes(t)
+		if n > budget {
+			return nil, errcode.RequestTooLarge.With("txs[%d] needs more than a %d-byte entry", i, c.limits.MaxEntryBytes)
+		}
+		if size+n > budget {
 			out = append(out, txs[start:i])
 			start, size = i, 0
 		}
 		size += n
 	}
-	return append(out, txs[start:])
+	return append(out, txs[start:]), nil
 }
 
 func (c *Chain) propose(ctx context.Context, cmd *fsm.UTXOBlockCmd) (*fsm.UTXOResult, error) {

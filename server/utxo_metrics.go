@@ -1,6 +1,7 @@
 package server
 
 import (
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -64,7 +65,7 @@ func (c *utxoCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	for name, d := range c.descs {
 		kind := prometheus.GaugeValue
-		if len(name) > 6 && name[len(name)-6:] == "_total" {
+		if strings.HasSuffix(name, "_total") {
 			kind = prometheus.CounterValue
 		}
 		ch <- prometheus.MustNewConstMetric(d, kind, values[name])

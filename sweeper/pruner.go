@@ -3,7 +3,6 @@ package sweeper
 import (
 	"context"
 	"log/slog"
-	"sync/atomic"
 	"time"
 
 	"github.com/raftlockd/raftlockd/internal/leaderloop"
@@ -31,7 +30,6 @@ type Pruner struct {
 	due      PruneDue
 	interval time.Duration
 	log      *slog.Logger
-	passes   atomic.Int64
 	leaderloop.Loop
 }
 
@@ -50,9 +48,6 @@ func NewPruner(p Pass, due PruneDue, interval time.Duration, log *slog.Logger) *
 // when leadership is lost. It does not block.
 func (p *Pruner) SetLeader(isLeader bool) { p.Set(isLeader, p.run) }
 
-// Passes counts the passes this node proposed.
-func (p *Pruner) Passes() int64 { return p.passes.Load() }
-
 func (p *Pruner) run(ctx context.Context) {
 	t := time.NewTicker(p.interval)
 	defer t.Stop()
@@ -68,6 +63,5 @@ func (p *Pruner) run(ctx context.Context) {
 		if _, err := p.pass.Prune(ctx); err != nil && ctx.Err() == nil {
 			p.log.Warn("prune pass failed", "error", err)
 		}
-		p.passes.Add(1)
 	}
 }
