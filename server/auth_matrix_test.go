@@ -243,8 +243,21 @@ func (c *matrixCell) stats() *wire.QueueStatsResponse {
 // rmEndpoint is an endpoint unique to the cell, registered for the
 // island itself: registrations of other islands would be sent on to every
 // island registered before.
+// rmEndpoint is the cell's registration: an island of its own whose
+// endpoint is this server, so that passing the registration on to the
+// islands in the registry reaches a server that answers. (Under the
+// server's own hash the resolver would take it back: it keeps the island's
+// own entry equal to its members.)
 func (c *matrixCell) rmEndpoint() wire.TCRMRegisterRequest {
-	return wire.TCRMRegisterRequest{BackendHash: c.self, Endpoint: "https://" + c.key + ".example:9341"}
+	return wire.TCRMRegisterRequest{BackendHash: "island-" + c.key, Endpoint: c.base}
+}
+
+// rmForget removes the cell's island again, so that later registrations
+// are not passed on to it.
+func (c *matrixCell) rmForget() {
+	if _, err := c.admin.RMRegister(c.ctx(), c.rmEndpoint(), true); err != nil {
+		c.t.Fatalf("cleanup unregister: %v", err)
+	}
 }
 
 func (c *matrixCell) rmListed() bool {
@@ -253,7 +266,7 @@ func (c *matrixCell) rmListed() bool {
 		c.t.Fatalf("rm list: %v", err)
 	}
 	return slices.ContainsFunc(l.Backends, func(b wire.TCRMBackend) bool {
-		return b.BackendHash == c.self && slices.Contains(b.Endpoints, c.rmEndpoint().Endpoint)
+		return b.BackendHash == c.rmEndpoint().BackendHash && slices.Contains(b.Endpoints, c.rmEndpoint().Endpoint)
 	})
 }
 
@@ -378,7 +391,7 @@ type matrixRow struct {
 	// exactly when it was allowed.
 	after func(c *matrixCell, allowed bool)
 	// serial runs the row's callers one after the other: their cells
-	// share one thing (the chain's tip).
+	// share one thing (the chain's tip, the islands in the registry).
 	serial bool
 }
 
@@ -606,19 +619,25 @@ func matrixRows() []matrixRow {
 			req: func(c *matrixCell) *http.Request {
 				return c.post("/v1/tc/cluster/leave", wire.TCClusterLeaveRequest{SelfEndpoint: "https://127.0.0.1:1"})
 			}},
-		{method: http.MethodPost, path: "/v1/tc/rm/register", class: tcServer, ok: outcome{200, ""},
+		{method: http.MethodPost, path: "/v1/tc/rm/register", class: tcServer, ok: outcome{200, ""}, serial: true,
 			req: func(c *matrixCell) *http.Request {
 				return c.post("/v1/tc/rm/register", c.rmEndpoint())
 			},
-			after: func(c *matrixCell, allowed bool) { c.want("registered", c.rmListed(), allowed) }},
-		{method: http.MethodPost, path: "/v1/tc/rm/unregister", class: tcServer, ok: outcome{200, ""},
+			after: func(c *matrixCell, allowed bool) {
+				c.want("registered", c.rmListed(), allowed)
+				c.rmForget()
+			}},
+		{method: http.MethodPost, path: "/v1/tc/rm/unregister", class: tcServer, ok: outcome{200, ""}, serial: true,
 			req: func(c *matrixCell) *http.Request {
 				if _, err := c.admin.RMRegister(c.ctx(), c.rmEndpoint(), false); err != nil {
 					c.t.Fatalf("setup register: %v", err)
 				}
 				return c.post("/v1/tc/rm/unregister", c.rmEndpoint())
 			},
-			after: func(c *matrixCell, allowed bool) { c.want("unregistered", !c.rmListed(), allowed) }},
+			after: func(c *matrixCell, allowed bool) {
+				c.want("unregistered", !c.rmListed(), allowed)
+				c.rmForget()
+			}},
 		{method: http.MethodPost, path: "/v1/txn/prepare", class: tcServer, ok: outcome{200, ""},
 			req:   func(c *matrixCell) *http.Request { return c.post("/v1/txn/prepare", c.prepare()) },
 			after: func(c *matrixCell, allowed bool) { c.want("prepared", c.txnState() == wire.TxnStatePending, allowed) }},
