@@ -20,6 +20,7 @@ import (
 	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/internal/testutil"
 	"github.com/raftlockd/raftlockd/wire"
+	"github.com/rs/xid"
 )
 
 func (e *env) client() *client.Client {
@@ -210,8 +211,14 @@ func TestQueueEnqueueDequeueAck(t *testing.T) {
 	if st := e.stats("jobs"); st.Available || st.InFlight != 0 || st.Ready != 0 {
 		t.Fatalf("stats after ack %+v", st)
 	}
-	// The message is gone.
-	wantErr(t, e.post("/v1/queue/ack", nil, ackBody(m)), http.StatusNotFound, "queue_message_not_found")
+	// The message is gone. The same ack again (a retry after a lost
+	// answer) is answered as the first; another delivery's lease is not.
+	if again := e.post("/v1/queue/ack", nil, ackBody(m)); again.status != http.StatusOK || !strings.Contains(string(again.body), `"acked":true`) {
+		t.Fatalf("retried ack: %d %s", again.status, again.body)
+	}
+	other := ackBody(m)
+	other["lease_id"], other["fencing_token"] = xid.New().String(), 0
+	wantErr(t, e.post("/v1/queue/ack", nil, other), http.StatusNotFound, "queue_message_not_found")
 	wantErr(t, e.dequeueRaw(`{"queue":"jobs","owner":"w2","wait_seconds":-1}`), http.StatusConflict, "waiting")
 }
 

@@ -340,21 +340,23 @@ func (c *Client) drain(ctx context.Context, dr *deliveryReader, fn func(*Deliver
 	}
 }
 
-// Ack acknowledges a delivery.
+// Ack acknowledges a delivery. It is retried after an ambiguous failure: a
+// retry of an ack that took effect is answered as the first attempt was.
 func (c *Client) Ack(ctx context.Context, req wire.AckRequest) (*wire.AckResponse, error) {
 	req.Namespace = c.ns(req.Namespace)
 	body, _ := json.Marshal(req)
 	var out wire.AckResponse
-	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/queue/ack", body: body}, &out)
+	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/queue/ack", body: body, idempotent: true}, &out)
 	return &out, err
 }
 
-// Nack hands a delivery back to its queue.
+// Nack hands a delivery back to its queue. Like Ack, it is retried after
+// an ambiguous failure.
 func (c *Client) Nack(ctx context.Context, req wire.NackRequest) (*wire.NackResponse, error) {
 	req.Namespace = c.ns(req.Namespace)
 	body, _ := json.Marshal(req)
 	var out wire.NackResponse
-	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/queue/nack", body: body}, &out)
+	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/queue/nack", body: body, idempotent: true}, &out)
 	return &out, err
 }
 

@@ -697,7 +697,7 @@ func (s *applyState) sweep(c *SweepCmd) *Result {
 		s.del(bucketTxns, id)
 		res.Forgotten++
 	}
-	budget = s.sweepQueues(budget, res)
+	budget = s.sweepQueues(budget, c.TxnRetention, res)
 	budget = s.sweepUTXO(budget, res)
 	res.More = budget <= 0
 	return &Result{Sweep: res}

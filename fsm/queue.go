@@ -30,6 +30,11 @@ import (
 // like any key. Ack deletes the sidecar; nack keeps it, with the updates the
 // consumer staged.
 //
+// How each delivery ended (acknowledged, back in the queue, dead-lettered)
+// is kept for the decision retention, so that an ack or nack retried after
+// its answer was lost (a leader crash, a dropped connection) is answered as
+// the first attempt was instead of as a stale delivery.
+//
 // A dequeue or enqueue that names a transaction enlists the message in it:
 // committing acknowledges a dequeued message (and deletes its sidecar) or
 // makes an enqueued one visible; rolling back returns a dequeued message to
@@ -45,6 +50,8 @@ var (
 	bucketQWaiters = []byte("q_waiters")  // qid\0seq(8) -> QueueWaiter, FIFO per queue
 	bucketQWaitReq = []byte("q_wait_req") // request id -> q_waiters key
 	bucketQWaitExp = []byte("q_wait_exp") // deadline|q_waiters key -> nil
+	bucketQEnded   = []byte("q_ended")    // message key\0lease id -> deliveryEnd
+	bucketQEndedAt = []byte("q_ended_at") // ended_at|q_ended key -> nil
 )
 
 // DeadLetterSuffix names a queue's dead-letter queue: "<queue>.dlq".
@@ -617,6 +624,9 @@ func (s *applyState) coordinated(m *Message) *Result {
 func (s *applyState) queueAck(c *QueueAckCmd) *Result {
 	k, m, res := s.finishable(c.MessageRef)
 	if res != nil {
+		if end, ok := s.deliveryEnded(c.MessageRef); ok && end.Acked {
+			return &Result{Released: true, Queue: &QueueResult{}} // a retry
+		}
 		return res
 	}
 	info := messageInfo(c.Namespace, c.Queue, m)
@@ -636,6 +646,7 @@ func (s *applyState) queueAck(c *QueueAckCmd) *Result {
 // ack removes a delivered message, and its sidecar with it.
 func (s *applyState) ack(ns, queue string, k []byte, m *Message) {
 	s.unsettle(ns, queue, k, m)
+	s.endDelivery(k, m.Lease, deliveryEnd{Acked: true})
 	if m.Lease != nil && m.Lease.State {
 		sk := keyOf(ns, StateKey(queue, m.ID))
 		rec := s.keyRecord(sk)
@@ -659,6 +670,44 @@ func (s *applyState) ack(ns, queue string, k []byte, m *Message) {
 	s.dropMessage(k, m)
 }
 
+// deliveryEnd records how a delivery ended, for retries of the ack or nack
+// that ended it.
+type deliveryEnd struct {
+	Token      int64  `json:"token"`
+	Acked      bool   `json:"acked,omitempty"`
+	DeadLetter string `json:"dead_letter,omitempty"` // moved there (a nack, or an expiry, past max attempts)
+}
+
+func endedKey(k []byte, leaseID string) []byte {
+	ek := make([]byte, 0, len(k)+1+len(leaseID))
+	ek = append(ek, k...)
+	ek = append(ek, 0)
+	return append(ek, leaseID...)
+}
+
+// endDelivery records how the delivery under lease l of message k ended.
+func (s *applyState) endDelivery(k []byte, l *MessageLease, end deliveryEnd) {
+	if l == nil {
+		return
+	}
+	end.Token = l.Token
+	ek := endedKey(k, l.ID)
+	s.putJSON(bucketQEnded, ek, end)
+	s.put(bucketQEndedAt, timerKey(s.now, ek), nil)
+}
+
+// deliveryEnded finds how the delivery r names ended, if it has.
+func (s *applyState) deliveryEnded(r MessageRef) (deliveryEnd, bool) {
+	var end deliveryEnd
+	if r.ID == "" || r.LeaseID == "" || validQueue(r.Namespace, r.Queue) != nil {
+		return end, false
+	}
+	if !s.getJSON(bucketQEnded, endedKey(msgKey(r.Namespace, r.Queue, r.ID), r.LeaseID), &end) {
+		return end, false
+	}
+	return end, r.Token == 0 || r.Token == end.Token
+}
+
 func (s *applyState) dropMessage(k []byte, m *Message) {
 	if m.ExpiresAt != 0 {
 		s.del(bucketQTTL, timerKey(m.ExpiresAt, k))
@@ -673,6 +722,10 @@ func (s *applyState) queueNack(c *QueueNackCmd) *Result {
 	}
 	k, m, fin := s.finishable(c.MessageRef)
 	if fin != nil {
+		if end, ok := s.deliveryEnded(c.MessageRef); ok && !end.Acked {
+			// A retry: answered with where the first attempt put the message.
+			return &Result{Released: true, Queue: &QueueResult{Requeued: end.DeadLetter == "", DeadLetter: end.DeadLetter}}
+		}
 		return fin
 	}
 	if m.Lease.TxnID != "" {
@@ -704,6 +757,7 @@ func (s *applyState) requeue(ns, queue string, k []byte, m *Message, failed bool
 			s.decide(rec.Lease.TxnID, true, ReasonRelease)
 		}
 	}
+	lease := m.Lease
 	m.Lease = nil
 	if failed {
 		m.Failures++
@@ -729,9 +783,11 @@ func (s *applyState) requeue(ns, queue string, k []byte, m *Message, failed bool
 		}
 		s.put(bucketQBodies, dk, body)
 		s.settle(ns, dlq, dk, m)
+		s.endDelivery(k, lease, deliveryEnd{DeadLetter: dlq})
 		return &QueueResult{DeadLetter: dlq, Message: messageInfo(ns, dlq, m)}
 	}
 	s.settle(ns, queue, k, m)
+	s.endDelivery(k, lease, deliveryEnd{})
 	return &QueueResult{Requeued: true, Message: messageInfo(ns, queue, m)}
 }
 
@@ -770,7 +826,7 @@ func (s *applyState) queueExtend(c *QueueExtendCmd) *Result {
 // work: delays that ended (the message becomes ready), delivery leases that
 // ran out (a failed delivery, or the expiry of its transaction), messages
 // past their TTL, and waiting dequeues past their deadline.
-func (s *applyState) sweepQueues(budget int, res *SweepResult) int {
+func (s *applyState) sweepQueues(budget int, retention int64, res *SweepResult) int {
 	for _, tk := range s.dueKeys(bucketQVis, s.now, max(budget, 0)) {
 		budget--
 		s.del(bucketQVis, tk)
@@ -834,6 +890,12 @@ func (s *applyState) sweepQueues(budget int, res *SweepResult) int {
 		s.removeQueueWaiter(wk, &w)
 		s.emit(Event{Kind: EventWaitEnded, RequestID: w.RequestID, Err: errcode.QueueEmpty.With("no message within the wait")})
 		res.Abandoned++
+	}
+	for _, tk := range s.dueKeys(bucketQEndedAt, s.now-retention, max(budget, 0)) {
+		budget--
+		_, ek := splitTimer(tk)
+		s.del(bucketQEndedAt, tk)
+		s.del(bucketQEnded, ek)
 	}
 	return budget
 }

@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"bytes"
 	"fmt"
 	"testing"
 
@@ -67,7 +68,10 @@ func TestQueueFIFOAckAndStaleDeliveries(t *testing.T) {
 	if r := h.one(&Command{Op: OpQAck, QAck: &QueueAckCmd{MessageRef: ref(m1)}}); r.Err != nil {
 		t.Fatal(r.Err)
 	}
-	wantCode(t, h.one(&Command{Op: OpQAck, QAck: &QueueAckCmd{MessageRef: ref(m1)}}), errcode.QueueMessageNotFound)
+	// Another delivery's lease does not find the acknowledged message.
+	bad = ref(m1)
+	bad.LeaseID, bad.Token = "other", 0
+	wantCode(t, h.one(&Command{Op: OpQAck, QAck: &QueueAckCmd{MessageRef: bad}}), errcode.QueueMessageNotFound)
 	if st := h.stats("q"); st.Ready != 1 || st.InFlight != 1 || st.Head.ID != "m3" {
 		t.Fatalf("after ack: %+v", st)
 	}
@@ -233,7 +237,11 @@ func TestQueueMessagesInTransactions(t *testing.T) {
 	if d := h.publicDoc("k"); string(d.Bytes) != `{"done":"m1"}` {
 		t.Fatalf("k: %q", d.Bytes)
 	}
-	_ = m
+	// The delivery ended acknowledged: its ack (a retry, or the consumer's
+	// own after the commit) is answered so.
+	if r := h.one(ackCmd(ref(m))); r.Err != nil {
+		t.Fatalf("ack of a committed delivery: %+v", r)
+	}
 
 	// Rollback: the delivery goes back, the enqueue vanishes.
 	h.one(enq("q", "m2", "y"))
@@ -362,5 +370,84 @@ func TestCancelAfterDeliveryAnswersIt(t *testing.T) {
 	r := h.one(&Command{Op: OpQCancel, QCancel: &QueueCancelCmd{Namespace: "default", Queue: "q", RequestID: "w1"}})
 	if r.Queue == nil || r.Queue.Message == nil || r.Queue.Message.ID != "m1" || string(r.Queue.Message.Payload) != "x" {
 		t.Fatalf("cancel after delivery: %+v", r)
+	}
+}
+
+func ackCmd(r MessageRef) *Command { return &Command{Op: OpQAck, QAck: &QueueAckCmd{MessageRef: r}} }
+func nackCmd(r MessageRef) *Command {
+	return &Command{Op: OpQNack, QNack: &QueueNackCmd{MessageRef: r}}
+}
+
+func TestRetriedAckAndNackAreAnsweredAsTheFirst(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	for _, id := range []string{"m1", "m2"} {
+		h.one(enq("q", id, id))
+	}
+	m1 := mustDeliver(t, h.one(deq("q", "r1", 0)))
+	m2 := mustDeliver(t, h.one(deq("q", "r2", 0)))
+
+	// An ack retried after a lost answer succeeds and changes nothing.
+	if r := h.one(ackCmd(ref(m1))); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	before := h.hashWithoutMeta()
+	if r := h.one(ackCmd(ref(m1))); r.Err != nil || !r.Released {
+		t.Fatalf("retried ack: %+v", r)
+	}
+	if !bytes.Equal(before, h.hashWithoutMeta()) {
+		t.Fatal("a retried ack changed the state")
+	}
+	// It is not a nack, nor an ack with another token.
+	wantCode(t, h.one(nackCmd(ref(m1))), errcode.QueueMessageNotFound)
+	bad := ref(m1)
+	bad.Token++
+	wantCode(t, h.one(ackCmd(bad)), errcode.QueueMessageNotFound)
+
+	// A retried nack gets the first answer, even once the message was
+	// delivered again; the delivery it ended cannot be acknowledged.
+	if r := h.one(nackCmd(ref(m2))); r.Err != nil || !r.Queue.Requeued {
+		t.Fatalf("nack: %+v", r)
+	}
+	m2b := mustDeliver(t, h.one(deq("q", "r3", 0)))
+	before = h.hashWithoutMeta()
+	if r := h.one(nackCmd(ref(m2))); r.Err != nil || !r.Queue.Requeued || r.Queue.DeadLetter != "" {
+		t.Fatalf("retried nack: %+v", r)
+	}
+	if !bytes.Equal(before, h.hashWithoutMeta()) {
+		t.Fatal("a retried nack changed the state")
+	}
+	wantCode(t, h.one(ackCmd(ref(m2))), errcode.QueueLeaseMismatch)
+	// The second failure is the last allowed (max attempts 2): a retried
+	// nack names the dead-letter queue too.
+	if r := h.one(nackCmd(ref(m2b))); r.Err != nil || r.Queue.DeadLetter != "q.dlq" {
+		t.Fatalf("nack to the dead letters: %+v", r)
+	}
+	if r := h.one(nackCmd(ref(m2b))); r.Err != nil || r.Queue.DeadLetter != "q.dlq" || r.Queue.Requeued {
+		t.Fatalf("retried nack to the dead letters: %+v", r)
+	}
+
+	// The records last the decision retention (sweep(): 60 s), then the
+	// retry is a stale delivery again.
+	h.now += 30_000
+	h.one(sweep())
+	if r := h.one(ackCmd(ref(m1))); r.Err != nil {
+		t.Fatalf("ack retried within the retention: %+v", r)
+	}
+	var next int64
+	_ = h.f.View(func(v *View) error { next, _ = v.NextDeadline(60_000); return nil })
+	if next > h.now+30_000 {
+		t.Fatalf("the sweeper is not woken for the records: next %d, now %d", next, h.now)
+	}
+	h.now += 30_001
+	h.one(sweep())
+	wantCode(t, h.one(ackCmd(ref(m1))), errcode.QueueMessageNotFound)
+	wantCode(t, h.one(nackCmd(ref(m2))), errcode.QueueMessageNotFound) // it is in q.dlq now
+	var left int
+	_ = h.f.View(func(v *View) error {
+		left = v.b(bucketQEnded).Stats().KeyN + v.b(bucketQEndedAt).Stats().KeyN
+		return nil
+	})
+	if left != 0 {
+		t.Fatalf("%d delivery records outlived the retention", left)
 	}
 }

@@ -24,7 +24,7 @@ var (
 var allBuckets = [][]byte{bucketMeta, bucketKeys, bucketDocs, bucketWaiters, bucketWaitReq,
 	bucketLeaseExp, bucketWaitExp, bucketWaitTxn, bucketTxns, bucketTxnDone,
 	bucketTxnExp, bucketTxnFanout, bucketTxnDoubt, bucketTCTerms, bucketRMs,
-	bucketQMsgs, bucketQBodies, bucketQReady, bucketQVis, bucketQTTL, bucketQWaiters, bucketQWaitReq, bucketQWaitExp,
+	bucketQMsgs, bucketQBodies, bucketQReady, bucketQVis, bucketQTTL, bucketQWaiters, bucketQWaitReq, bucketQWaitExp, bucketQEnded, bucketQEndedAt,
 	bucketRevoked, bucketTrust, bucketUTXORecs, bucketUTXOOuts, bucketUTXOHolds, bucketUTXOExp,
 	bucketUTXODAH, bucketUTXOPreserve, bucketUTXOBlocks, bucketUTXOUndo, bucketUTXOStage}
 

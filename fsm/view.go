@@ -75,9 +75,11 @@ func (v *View) NextDeadline(retention int64) (when int64, ok bool) {
 			consider(t)
 		}
 	}
-	if k, _ := v.b(bucketTxnDone).Cursor().First(); k != nil {
-		t, _ := splitTimer(k)
-		consider(t + retention)
+	for _, b := range [][]byte{bucketTxnDone, bucketQEndedAt} {
+		if k, _ := v.b(b).Cursor().First(); k != nil {
+			t, _ := splitTimer(k)
+			consider(t + retention)
+		}
 	}
 	return when, ok
 }

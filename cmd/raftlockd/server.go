@@ -108,7 +108,7 @@ restart. --disable-mtls serves plain HTTP to anyone (development only).`,
 	f.DurationVar(&cfg.UTXOPruneInterval, "utxo-prune-interval", cfg.UTXOPruneInterval, "time between prune passes on the leader")
 	f.IntVar(&cfg.MaxEntryBytes, "max-entry-bytes", cfg.MaxEntryBytes, "largest Raft entry a UTXO command may encode to (at least 44 bytes per output of a batch plus 1 KiB)")
 	f.Int64Var(&cfg.MaxUTXORequestBytes, "max-utxo-request-bytes", cfg.MaxUTXORequestBytes, "largest body of a UTXO create or spend request")
-	f.DurationVar(&cfg.TxnRetention, "tc-decision-retention", cfg.TxnRetention, "how long final transaction decisions are kept to answer retries and late replays")
+	f.DurationVar(&cfg.TxnRetention, "tc-decision-retention", cfg.TxnRetention, "how long final transaction decisions, and how queue deliveries ended, are kept to answer retries and late replays")
 	f.DurationVar(&cfg.TxnRetention, "txn-retention", cfg.TxnRetention, "")
 	_ = f.MarkDeprecated("txn-retention", "use --tc-decision-retention")
 	f.StringSliceVar(&cfg.TCPeers, "tc-peer", nil, "API endpoints of other islands (raftlockd clusters) to register this island with")
