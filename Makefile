@@ -3,7 +3,7 @@
 .PHONY: test ci fuzz lincheck docker-test bench bench-peer bench-embedded bench-cluster bench-xa
 
 test:           ## the README's test command
-	go test -race ./...
+	go test -race -p 1 -timeout 20m ./...
 
 ci:             ## everything CI runs
 	.ci/run

@@ -409,6 +409,37 @@ func TestReleaseAnswers(t *testing.T) {
 	wantCode(t, h.one(release(l2, false)), errcode.TxnRolledBack)
 }
 
+// A decision is kept for the retention the sweep is given (sweep(): 60 s)
+// and answers retries until then; afterwards the sweep forgets it.
+func TestDecisionsAreKeptForTheRetention(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	l := mustLease(t, h.one(acq("k", "t1", "r1", 10_000, 0)))
+	h.one(release(l, true))
+	decided := h.now
+	var next int64
+	_ = h.f.View(func(v *View) error { next, _ = v.NextDeadline(60_000); return nil })
+	if next != decided+60_000 {
+		t.Fatalf("the sweeper is due at %d, want %d", next, decided+60_000)
+	}
+	h.now = decided + 59_999
+	if r := h.one(sweep()); r.Sweep.Forgotten != 0 {
+		t.Fatalf("forgotten within the retention: %+v", r.Sweep)
+	}
+	// Still final: a commit of the rolled back transaction is refused.
+	wantCode(t, h.one(release(l, false)), errcode.TxnRolledBack)
+	h.now = decided + 60_000
+	if r := h.one(sweep()); r.Sweep.Forgotten != 1 {
+		t.Fatalf("after the retention: %+v", r.Sweep)
+	}
+	if tr := txnOf(h, "t1"); tr != nil {
+		t.Fatalf("decision kept past its retention: %+v", tr)
+	}
+	// Forgotten: a late release of the gone lease is done, as in lockd.
+	if r := h.one(release(l, false)); r.Err != nil || !r.Released || r.Decision != "" {
+		t.Fatalf("late release: %+v", r)
+	}
+}
+
 func TestCASAndFencing(t *testing.T) {
 	h := openHarness(t, t.TempDir())
 	l := mustLease(t, h.one(acq("k", "t1", "r1", 10_000, 0)))

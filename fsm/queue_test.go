@@ -201,10 +201,63 @@ func TestStatefulDeliveries(t *testing.T) {
 	if d := h.publicDoc(StateKey("q", "m1")); d.Exists {
 		t.Fatalf("ack must delete the sidecar: %q", d.Bytes)
 	}
-	var staged int
-	_ = h.f.View(func(v *View) error { staged = v.StagedWrites(); return nil })
-	if staged != 0 {
-		t.Fatalf("%d staged writes left", staged)
+	if n := stagedCount(h); n != 0 {
+		t.Fatalf("%d staged writes left", n)
+	}
+}
+
+// A stateful delivery enlisted in a transaction: the sidecar is leased in
+// the transaction, commit acknowledges the message and deletes the sidecar
+// (with what was staged in it), rollback returns the message and keeps the
+// sidecar as it was committed before.
+func TestStatefulDeliveryInATransaction(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(enq("q", "m1", "x"))
+	dequeue := func(req, txn string) *MessageInfo {
+		c := deq("q", req, 0)
+		c.Dequeue.TxnID, c.Dequeue.WithState, c.Dequeue.StateLease = txn, true, "sl-"+req
+		m := mustDeliver(t, h.one(c))
+		if m.State == nil || m.State.TxnID != txn {
+			t.Fatalf("the sidecar must be leased in %s: %+v", txn, m.State)
+		}
+		return m
+	}
+	// A first, plain stateful delivery commits a sidecar document.
+	c := deq("q", "r0", 0)
+	c.Dequeue.WithState, c.Dequeue.StateLease, c.Dequeue.StateTxn = true, "sl-r0", "st-0"
+	m := mustDeliver(t, h.one(c))
+	h.one(update(m.State, `{"step":0}`))
+	h.one(&Command{Op: OpQNack, QNack: &QueueNackCmd{MessageRef: ref(m), Defer: true}})
+
+	m = dequeue("r1", "t1")
+	h.one(update(m.State, `{"step":1}`))
+	if r := h.one(release(m.State, true)); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if tr := txnOf(h, "t1"); tr == nil || tr.State != TxnRollback {
+		t.Fatalf("t1: %+v", tr)
+	}
+	if st := h.stats("q"); st.Ready != 1 || st.InFlight != 0 {
+		t.Fatalf("rollback must return the message: %+v", st)
+	}
+	if d := h.publicDoc(StateKey("q", "m1")); string(d.Bytes) != `{"step":0}` {
+		t.Fatalf("rollback must keep the committed sidecar and drop the staged one: %q", d.Bytes)
+	}
+
+	m = dequeue("r2", "t2")
+	h.one(update(m.State, `{"step":2}`))
+	if r := h.one(release(m.State, false)); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if st := h.stats("q"); st.Ready+st.InFlight+st.Delayed != 0 {
+		t.Fatalf("commit must acknowledge the message: %+v", st)
+	}
+	if d := h.publicDoc(StateKey("q", "m1")); d.Exists {
+		t.Fatalf("commit must delete the sidecar: %q", d.Bytes)
+	}
+	if n := keyCount(h, bucketKeys); n != 1 {
+		// The sidecar's record stays (its fencing counter), nothing else.
+		t.Fatalf("%d key records", n)
 	}
 }
 
@@ -450,4 +503,22 @@ func TestRetriedAckAndNackAreAnsweredAsTheFirst(t *testing.T) {
 	if left != 0 {
 		t.Fatalf("%d delivery records outlived the retention", left)
 	}
+}
+
+// keyCount counts the keys of buckets.
+func keyCount(h *harness, buckets ...[]byte) int {
+	n := 0
+	_ = h.f.View(func(v *View) error {
+		for _, b := range buckets {
+			n += v.b(b).Stats().KeyN
+		}
+		return nil
+	})
+	return n
+}
+
+func stagedCount(h *harness) int {
+	var n int
+	_ = h.f.View(func(v *View) error { n = v.StagedWrites(); return nil })
+	return n
 }

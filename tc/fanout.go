@@ -250,7 +250,7 @@ func (c *Coordinator) atIsland(ctx context.Context, backend string, fn func(ctx 
 	if err != nil {
 		return err
 	}
-	delay := c.cfg.FanoutBaseDelay
+	wait := backoff{bound: c.cfg.FanoutBaseDelay, max: c.cfg.FanoutMaxDelay, multiplier: c.cfg.FanoutMultiplier}
 	start := rand.IntN(len(eps))
 	for attempt := 0; ; attempt++ {
 		actx, cancel := context.WithTimeout(ctx, c.cfg.FanoutTimeout)
@@ -259,15 +259,27 @@ func (c *Coordinator) atIsland(ctx context.Context, backend string, fn func(ctx 
 		if err == nil || permanent(err) || attempt+1 >= c.cfg.FanoutAttempts || ctx.Err() != nil {
 			return unwrapEnvelope(err)
 		}
-		t := time.NewTimer(time.Duration(rand.Int64N(int64(delay) + 1)))
+		t := time.NewTimer(wait.next())
 		select {
 		case <-t.C:
 		case <-ctx.Done():
 			t.Stop()
 			return unwrapEnvelope(err)
 		}
-		delay = min(time.Duration(float64(delay)*c.cfg.FanoutMultiplier), c.cfg.FanoutMaxDelay)
 	}
+}
+
+// backoff spaces retries with full jitter: each wait is uniform in [0,
+// bound], and the bound grows by multiplier after each wait, up to max.
+type backoff struct {
+	bound, max time.Duration
+	multiplier float64
+}
+
+func (b *backoff) next() time.Duration {
+	d := time.Duration(rand.Int64N(int64(b.bound) + 1))
+	b.bound = min(time.Duration(float64(b.bound)*b.multiplier), b.max)
+	return d
 }
 
 // unwrapEnvelope turns another island's error answer into its envelope, so

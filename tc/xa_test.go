@@ -354,12 +354,13 @@ func TestLeaderKilledBeforeFanoutReplaysOnNewLeader(t *testing.T) {
 	if r := b.record(txn); r == nil || r.State != fsm.TxnPending {
 		t.Fatalf("b applied before the fan-out: %+v", r)
 	}
-	home.Stop(leader)
+	// Killed: no draining, no leadership hand-off.
+	home.Crash(leader)
 	<-done
 	link.Release()
 	next := home.WaitLeader(10 * time.Second)
 	if next == leader {
-		t.Fatal("the stopped node still leads")
+		t.Fatal("the killed node still leads")
 	}
 	testutil.WaitFor(t, 15*time.Second, "the new leader to replay the commit on b", func() bool {
 		r := b.record(txn)
@@ -373,6 +374,15 @@ func TestLeaderKilledBeforeFanoutReplaysOnNewLeader(t *testing.T) {
 		return err == nil && len(st.Acked) == 1 && st.TCTerm > 0
 	})
 	clean(t, b)
+	testutil.WaitFor(t, 10*time.Second, "the home island to hold no staged writes and no leases", func() bool {
+		var staged, leases int
+		_ = home.Nodes[next].Server.Node().FSM().View(func(v *fsm.View) error {
+			staged = v.StagedWrites()
+			leases, _ = v.Counts()
+			return nil
+		})
+		return staged == 0 && leases == 0
+	})
 }
 
 func TestStaleTermRejectedAndRepeatedApplyChangesNothing(t *testing.T) {
@@ -428,14 +438,22 @@ func TestStaleTermRejectedAndRepeatedApplyChangesNothing(t *testing.T) {
 	clean(t, a, b)
 }
 
-func TestIslandDownDuringFanoutAnswers502ThenReplayCompletes(t *testing.T) {
-	a, b := startIsland(t, "a"), startIsland(t, "b")
+// twoIslandTxn starts islands a and b, registered with each other, and a
+// transaction holding ka on a and kb on b, with doc staged on both.
+func twoIslandTxn(t *testing.T, doc string) (a, b *island, txn string, la, lb *client.Lease) {
+	t.Helper()
+	a, b = startIsland(t, "a"), startIsland(t, "b")
 	register(t, a, b)
+	txn = xid.New().String()
+	la, lb = acquire(t, a.client(), "ka", txn, "w"), acquire(t, b.client(), "kb", txn, "w")
+	stage(t, la, doc)
+	stage(t, lb, doc)
+	return a, b, txn, la, lb
+}
+
+func TestIslandDownDuringFanoutAnswers502ThenReplayCompletes(t *testing.T) {
+	a, b, txn, _, _ := twoIslandTxn(t, `{"v":3}`)
 	ctx := context.Background()
-	txn := xid.New().String()
-	la, lb := acquire(t, a.client(), "ka", txn, "w"), acquire(t, b.client(), "kb", txn, "w")
-	stage(t, la, `{"v":3}`)
-	stage(t, lb, `{"v":3}`)
 	if _, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStatePending,
 		Participants: []wire.TxnParticipant{part("ka", a), part("kb", b)}}); err != nil {
 		t.Fatal(err)
@@ -461,6 +479,42 @@ func TestIslandDownDuringFanoutAnswers502ThenReplayCompletes(t *testing.T) {
 	out, err := a.client().TxnReplay(ctx, txn)
 	if err != nil || out.State != fsm.TxnCommit {
 		t.Fatalf("replay: %+v %v", out, err)
+	}
+	clean(t, a, b)
+}
+
+// A participant island that does not answer a prepare is a transient
+// failure: 503 txn_island_unreachable with a retry hint, the transaction
+// stays open (nothing recorded as failed for good), and the same prepare
+// succeeds once the island is back.
+func TestPrepareWithAnIslandDownIsTransientAndRetried(t *testing.T) {
+	a, b, txn, _, _ := twoIslandTxn(t, `{"v":4}`)
+	ctx := context.Background()
+	prepare := wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStatePending,
+		Participants: []wire.TxnParticipant{part("ka", a), part("kb", b)}}
+	b.stop()
+	_, err := a.client().TxnDecide(ctx, prepare)
+	ce := wantCode(t, err, http.StatusServiceUnavailable, "txn_island_unreachable")
+	if ce.Envelope.RetryAfter <= 0 {
+		t.Fatalf("no retry hint: %+v", ce.Envelope)
+	}
+	if r := a.record(txn); r != nil && r.State != fsm.TxnPending {
+		t.Fatalf("a transient failure decided the transaction: %+v", r)
+	}
+	if d, err := a.client().Describe(ctx, "", "ka"); err != nil || d.TxnID != txn {
+		t.Fatalf("ka must still be held by the transaction: %+v %v", d, err)
+	}
+	b.start()
+	if out, err := a.client().TxnDecide(ctx, prepare); err != nil || out.State != fsm.TxnPending {
+		t.Fatalf("prepare retried once b is back: %+v %v", out, err)
+	}
+	if out, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateCommit}); err != nil || out.State != fsm.TxnCommit {
+		t.Fatalf("commit: %+v %v", out, err)
+	}
+	for _, is := range []*island{a, b} {
+		if got := publicDoc(t, is.client(), "k"+is.name); got != `{"v":4}` {
+			t.Fatalf("k%s after commit: %q", is.name, got)
+		}
 	}
 	clean(t, a, b)
 }
@@ -567,15 +621,18 @@ func TestLockConflictFailsFastAndForGood(t *testing.T) {
 	}
 	// A conflict on the coordinator's own island fails the same way.
 	txn2 := xid.New().String()
-	acquire(t, a.client(), "kx", xid.New().String(), "worker-3")
+	other := acquire(t, a.client(), "kx", xid.New().String(), "worker-3")
 	_, err = a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn2, State: wire.TxnStatePending,
 		Participants: []wire.TxnParticipant{part("kx", a), part("kb", b)}})
 	if ce := wantCode(t, err, http.StatusConflict, "txn_lock_conflict"); ce.Envelope.Detail != "LOCKED:worker-3" {
 		t.Fatalf("local conflict detail: %q", ce.Envelope.Detail)
 	}
-	if err := holder.Release(ctx, true); err != nil {
-		t.Fatal(err)
+	for _, l := range []*client.Lease{holder, other} {
+		if err := l.Release(ctx, true); err != nil {
+			t.Fatal(err)
+		}
 	}
+	clean(t, a, b)
 }
 
 func TestIslandsLearnEachOtherFromPeers(t *testing.T) {
@@ -721,13 +778,8 @@ func TestTransactionEndpointsRejectBadInput(t *testing.T) {
 // A release of a prepared participant whose coordinating island is down
 // answers a retryable 503, and works once the island is back.
 func TestReleaseWhileTheCoordinatorIsDown(t *testing.T) {
-	a, b := startIsland(t, "a"), startIsland(t, "b")
-	register(t, a, b)
+	a, b, txn, _, lb := twoIslandTxn(t, `{"v":9}`)
 	ctx := context.Background()
-	txn := xid.New().String()
-	la, lb := acquire(t, a.client(), "ka", txn, "w"), acquire(t, b.client(), "kb", txn, "w")
-	stage(t, la, `{"v":9}`)
-	stage(t, lb, `{"v":9}`)
 	if _, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStatePending,
 		Participants: []wire.TxnParticipant{part("ka", a), part("kb", b)}}); err != nil {
 		t.Fatal(err)
@@ -742,4 +794,5 @@ func TestReleaseWhileTheCoordinatorIsDown(t *testing.T) {
 	if publicDoc(t, a.client(), "ka") != `{"v":9}` || publicDoc(t, b.client(), "kb") != `{"v":9}` {
 		t.Fatal("the release did not commit on both islands")
 	}
+	clean(t, a, b)
 }

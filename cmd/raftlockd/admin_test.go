@@ -115,6 +115,7 @@ func TestCLIClusterCommands(t *testing.T) {
 		want string
 	}{
 		{[]string{"cluster", "leave"}, "last_voter"},
+		{[]string{"tc", "leave"}, "last_voter"},
 		{[]string{"cluster", "remove-peer", "nobody"}, "not_found"},
 		{[]string{"cluster", "members", "--format", "yaml"}, "--format"},
 		{[]string{"tc", "announce", "--self", "http://127.0.0.1:1"}, "not_found"},

@@ -88,3 +88,105 @@ echo "RM=$(RAFTLOCKD_DATA_DIR=$BDIR raftlockd txn status --server "$B" --format 
 		t.Fatalf("a malformed participant must fail: %s", res.stdout)
 	}
 }
+
+// TestCLIPrepareReplayRemoveAndEnlistedDequeue runs the transaction
+// commands of one island from bash: a staged remove, a prepare that meets a
+// key held by another owner (a final failure, answered again from the
+// record), prepare + commit + replay, dequeues enlisted in a transaction
+// (rolled back, then committed by their ack) and an RM registration
+// removed again.
+func TestCLIPrepareReplayRemoveAndEnlistedDequeue(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	out := bash(t, srv.clientEnv("TMPDIR="+t.TempDir()), `
+# Forget the lease and delivery variables (not the server).
+fresh() {
+  for v in $(compgen -v RAFTLOCKD_CLIENT_) $(compgen -v RAFTLOCKD_QUEUE_); do
+    [ "$v" = RAFTLOCKD_CLIENT_SERVER ] || unset "$v"
+  done
+}
+
+eval "$(raftlockd client acquire --key doc)"
+echo '{"x":1}' | raftlockd client update >/dev/null
+eval "$(raftlockd client release)"
+eval "$(raftlockd client acquire --key doc)"
+raftlockd client remove >/dev/null
+echo "BEFORE_RELEASE=$(raftlockd client get --public --key doc | tr -d ' \n')"
+eval "$(raftlockd client release)"
+echo "REMOVED=$(raftlockd client get --public --key doc)"
+fresh
+
+raftlockd client acquire --key busy --owner alice >/dev/null
+eval "$(raftlockd client acquire --key mine --owner bob)"
+for i in 1 2; do
+  if raftlockd txn prepare --owner bob --participant default:mine --participant default:busy 2>"$TMPDIR/err"; then
+    echo "CONFLICT$i=prepared"
+  else
+    echo "CONFLICT$i=$(tr -d '\n' < "$TMPDIR/err")"
+  fi
+done
+echo "CONFLICT_STATE=$(raftlockd txn status --format json | tr -d ' \n')"
+fresh
+
+eval "$(raftlockd client acquire --key p)"
+echo '{"p":1}' | raftlockd client update >/dev/null
+echo "PREPARED=$(raftlockd txn prepare --participant default:p --format json | tr -d ' \n')"
+echo "PENDING_PUBLIC=$(raftlockd client get --public --key p)"
+echo "COMMITTED=$(raftlockd txn commit --participant default:p --format json | tr -d ' \n')"
+echo "REPLAYED=$(raftlockd txn replay --format json | tr -d ' \n')"
+echo "P=$(raftlockd client get --public --key p | tr -d ' \n')"
+fresh
+
+printf 'job' | raftlockd client queue enqueue --queue work >/dev/null
+eval "$(raftlockd client acquire --key anchor)"
+eval "$(raftlockd client queue dequeue --queue work --wait -1 --txn-id "$RAFTLOCKD_CLIENT_TXN_ID")"
+echo "ENLISTED=$RAFTLOCKD_QUEUE_MESSAGE_ID"
+raftlockd txn rollback >/dev/null
+echo "AFTER_ROLLBACK=$(raftlockd client queue stats --queue work | tr -d ' \n')"
+fresh
+eval "$(raftlockd client acquire --key anchor)"
+T=$RAFTLOCKD_CLIENT_TXN_ID
+eval "$(raftlockd client queue dequeue --queue work --wait -1 --txn-id "$T")"
+eval "$(raftlockd client queue ack)"
+echo "ACKED=$(raftlockd txn status --txn-id "$T" --format json | tr -d ' \n')"
+echo "AFTER_ACK=$(raftlockd client queue stats --queue work | tr -d ' \n')"
+fresh
+
+raftlockd tc rm register --backend-hash feedface --endpoint "$RAFTLOCKD_CLIENT_SERVER" >/dev/null
+echo "REGISTERED=$(raftlockd tc rm list | grep -c feedface)"
+raftlockd tc rm unregister --backend-hash feedface --endpoint "$RAFTLOCKD_CLIENT_SERVER" >/dev/null
+echo "UNREGISTERED=$(raftlockd tc rm list | grep -c feedface)"
+`)
+	v := parseLines(out)
+	wantJSON(t, "doc before the removal commits", v["BEFORE_RELEASE"], `{"x":1}`)
+	if v["REMOVED"] != "" {
+		t.Errorf("doc after the removal committed: %q", v["REMOVED"])
+	}
+	for _, k := range []string{"CONFLICT1", "CONFLICT2"} {
+		if !strings.Contains(v[k], "txn_lock_conflict") || !strings.Contains(v[k], "LOCKED:alice") {
+			t.Errorf("%s = %q, want txn_lock_conflict naming LOCKED:alice", k, v[k])
+		}
+	}
+	if !strings.Contains(v["CONFLICT_STATE"], `"state":"rollback"`) {
+		t.Errorf("the conflict must be recorded as a rollback: %s", v["CONFLICT_STATE"])
+	}
+	for k, want := range map[string]string{"PREPARED": `"state":"pending"`, "COMMITTED": `"state":"commit"`,
+		"REPLAYED": `"state":"commit"`, "ACKED": `"state":"commit"`} {
+		if !strings.Contains(v[k], want) {
+			t.Errorf("%s = %q, want %s", k, v[k], want)
+		}
+	}
+	if v["PENDING_PUBLIC"] != "" {
+		t.Errorf("a prepared write is visible: %q", v["PENDING_PUBLIC"])
+	}
+	wantJSON(t, "p after commit", v["P"], `{"p":1}`)
+	if v["ENLISTED"] == "" || !strings.Contains(v["AFTER_ROLLBACK"], `"available":true`) {
+		t.Errorf("rollback must return the message: %q %s", v["ENLISTED"], v["AFTER_ROLLBACK"])
+	}
+	if !strings.Contains(v["AFTER_ACK"], `"available":false`) {
+		t.Errorf("the ack must commit and remove the message: %s", v["AFTER_ACK"])
+	}
+	if v["REGISTERED"] != "1" || v["UNREGISTERED"] != "0" {
+		t.Errorf("registry: %q then %q (output:\n%s)", v["REGISTERED"], v["UNREGISTERED"], out)
+	}
+}

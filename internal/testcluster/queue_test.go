@@ -73,6 +73,7 @@ func TestBlockedConsumerGetsAMessageEnqueuedOnAnotherNode(t *testing.T) {
 		st, err := c.Client(leader).QueueStats(ctx, "", "idle", false)
 		return err == nil && st.WaitingConsumers == 1
 	})
+	pushed := counter(t, c, leader, "raftlockd_grants_pushed_total")
 	start := time.Now()
 	if _, err := c.Client(rest[1]).Enqueue(ctx, wire.EnqueueRequest{Queue: "idle"}, []byte("wake")); err != nil {
 		t.Fatal(err)
@@ -83,4 +84,9 @@ func TestBlockedConsumerGetsAMessageEnqueuedOnAnotherNode(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the waiting consumer was not served")
 	}
+	// The delivery was made in the enqueue's own step, and the leader sent
+	// it to the server the consumer waits on as it applied that step.
+	waitFor(t, 5*time.Second, "the leader to push the delivery", func() bool {
+		return counter(t, c, leader, "raftlockd_grants_pushed_total") > pushed
+	})
 }
