@@ -711,7 +711,8 @@ func TestInDoubtParticipantAsksItsCoordinator(t *testing.T) {
 	if r := a.record(txn); r == nil || r.State != fsm.TxnRollback || r.Reason != fsm.ReasonPresumedAbort {
 		t.Fatalf("a must record the presumed abort: %+v", r)
 	}
-	if _, err := b.client().Acquire(ctx, wire.AcquireRequest{Key: "kb", Owner: "x", BlockSecs: -1}); err != nil {
+	free, err := b.client().Acquire(ctx, wire.AcquireRequest{Key: "kb", Owner: "x", BlockSecs: -1})
+	if err != nil {
 		t.Fatalf("kb must be free again: %v", err)
 	}
 	// A prepare for a decided transaction answers the decision.
@@ -733,6 +734,10 @@ func TestInDoubtParticipantAsksItsCoordinator(t *testing.T) {
 			t.Fatalf("prepare %+v: want 4xx, got %v", req, err)
 		}
 	}
+	if err := free.Release(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	clean(t, a, b)
 }
 
 func TestTransactionEndpointsRejectBadInput(t *testing.T) {
