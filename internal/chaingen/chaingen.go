@@ -37,9 +37,6 @@ func Hex(parts ...string) string {
 	return hex.EncodeToString(h.Sum(nil))
 }
 
-// Height is the height of the last block produced.
-func (c *Chain) Height() uint32 { return c.height }
-
 // Unspent is how many outputs later blocks can spend.
 func (c *Chain) Unspent() int { return len(c.pool) }
 
