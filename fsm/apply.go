@@ -188,6 +188,9 @@ func (s *applyState) acquire(c *AcquireCmd) *Result {
 	if err := validName(c.Namespace, c.Key); err != nil {
 		return fail(err)
 	}
+	if IsMessageKey(c.Key) {
+		return fail(errcode.InvalidKey.With("%q names a queue message, not a key", c.Key))
+	}
 	if !nonEmpty(c.Owner, c.TxnID, c.LeaseID, c.RequestID) || hasNUL(c.TxnID) || tooLong(c.TxnID, c.RequestID) || c.TTL <= 0 || c.Wait < 0 {
 		return fail(errcode.MalformedCmd.With("acquire needs owner, txn, lease, request id and a positive ttl"))
 	}
@@ -436,16 +439,20 @@ func (s *applyState) keepAlive(c *KeepAliveCmd) *Result {
 	if err := s.checkLease(c.Namespace, c.Key, &rec, c.LeaseID, c.TxnID, c.Token, s.now); err != nil {
 		return fail(err)
 	}
-	l := rec.Lease
 	if c.TTL > 0 {
-		l.TTL = c.TTL
+		rec.Lease.TTL = c.TTL
 	}
-	s.del(bucketLeaseExp, timerKey(l.ExpiresAt, k))
-	l.ExpiresAt = s.now + l.TTL
-	s.put(bucketLeaseExp, timerKey(l.ExpiresAt, k), nil)
-	s.putJSON(bucketKeys, k, rec)
-	s.emit(Event{Kind: EventTimer, When: l.ExpiresAt})
+	s.extendLease(k, &rec, s.now+rec.Lease.TTL)
 	return &Result{Lease: leaseInfo(c.Namespace, c.Key, &rec)}
+}
+
+// extendLease moves the expiry of the lease on key k to until and stores rec.
+func (s *applyState) extendLease(k []byte, rec *KeyRecord, until int64) {
+	s.del(bucketLeaseExp, timerKey(rec.Lease.ExpiresAt, k))
+	rec.Lease.ExpiresAt = until
+	s.put(bucketLeaseExp, timerKey(until, k), nil)
+	s.putJSON(bucketKeys, k, rec)
+	s.emit(Event{Kind: EventTimer, When: until})
 }
 
 func (s *applyState) write(c *WriteCmd) *Result {
@@ -638,6 +645,9 @@ func (s *applyState) sweep(c *SweepCmd) *Result {
 	budget := c.Limit
 	// Presumed abort: this coordinator's pending decisions past their expiry.
 	for _, tk := range s.dueKeys(bucketTxnExp, s.now, budget) {
+		if budget <= 0 {
+			break
+		}
 		budget--
 		_, id := splitTimer(tk)
 		t := s.txn(string(id))

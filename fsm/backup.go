@@ -55,20 +55,13 @@ func CheckStateFile(path string) (applied uint64, err error) {
 			applied = u64(v)
 			// The records Apply decodes must decode: a bad one would stop
 			// every node that installed the file.
-			for _, rec := range []struct {
-				bucket []byte
-				value  func() any
-			}{
-				{bucketKeys, func() any { return &KeyRecord{} }},
-				{bucketWaiters, func() any { return &Waiter{} }},
-				{bucketTxns, func() any { return &TxnRecord{} }},
-			} {
+			for _, rec := range recordChecks {
 				b := tx.Bucket(rec.bucket)
 				if b == nil {
 					continue
 				}
 				err := b.ForEach(func(k, v []byte) error {
-					if json.Unmarshal(v, rec.value()) != nil {
+					if rec.decode(k, v) != nil {
 						return errcode.InvalidSnapshot.With("%s record %q is malformed", rec.bucket, k)
 					}
 					return nil
@@ -88,6 +81,37 @@ func CheckStateFile(path string) (applied uint64, err error) {
 	return applied, err
 }
 
+// recordChecks decodes the records of every bucket whose values Apply
+// decodes.
+var recordChecks = []struct {
+	bucket []byte
+	decode func(k, v []byte) error
+}{
+	{bucketKeys, jsonOf[KeyRecord]},
+	{bucketWaiters, jsonOf[Waiter]},
+	{bucketTxns, jsonOf[TxnRecord]},
+	{bucketQMsgs, jsonOf[Message]},
+	{bucketQWaiters, jsonOf[QueueWaiter]},
+	{bucketQEnded, jsonOf[deliveryEnd]},
+	{bucketRMs, jsonOf[RMEntry]},
+	{bucketRevoked, jsonOf[Revocation]},
+	{bucketTrust, jsonOf[TrustedCA]},
+	{bucketUTXOHolds, jsonOf[utxoHold]},
+	{bucketUTXOBlocks, jsonOf[BlockInfo]},
+	{bucketUTXOOuts, func(_, v []byte) error { return decodeOut(v, &utxoOutput{}) }},
+	{bucketUTXORecs, func(k, v []byte) error {
+		if bytes.HasSuffix(k, u32Key(utxoLockIndex)) {
+			return jsonOf[UTXOLock](k, v)
+		}
+		return decodeRecord(v, &UTXORecord{})
+	}},
+}
+
+func jsonOf[T any](_, v []byte) error {
+	var t T
+	return json.Unmarshal(v, &t)
+}
+
 func walk(b *bolt.Bucket) error {
 	return b.ForEach(func(k, v []byte) error {
 		if v == nil {
@@ -103,7 +127,8 @@ func walk(b *bolt.Bucket) error {
 // CheckStateFile, to replace this state machine's state without moving back
 // what must only move forward: every key's fencing counter is raised to at
 // least its current value (a key the file does not know gets a record that
-// holds only its counter), the replicated clock and the island's voter
+// holds only its counter), so is every message's the file holds, the
+// replicated clock, the coordinators' terms and the island's voter
 // high-water mark to at least the current ones, and the island keeps its
 // backend hash. Documents, versions, leases,
 // queues and transactions are the file's. The caller must keep commands
@@ -117,28 +142,25 @@ func (f *FSM) PrepareRestore(path string) error {
 		defer db.Close()
 		return f.View(func(cur *View) error {
 			return db.Update(func(tx *bolt.Tx) error {
-				keys := tx.Bucket(bucketKeys)
-				err := cur.b(bucketKeys).ForEach(func(k, v []byte) error {
-					var now KeyRecord
-					if err := json.Unmarshal(v, &now); err != nil {
-						return fmt.Errorf("fsm: current key record %q: %w", k, err)
+				// A key the file does not know gets a record holding only
+				// its counter; a message it does not know stays gone.
+				if err := raiseTokens(cur, tx, bucketKeys, func(r *KeyRecord) *int64 { return &r.Fencing }, true); err != nil {
+					return err
+				}
+				if err := raiseTokens(cur, tx, bucketQMsgs, func(m *Message) *int64 { return &m.Fencing }, false); err != nil {
+					return err
+				}
+				// Coordinators' terms only rise: a decision of a deposed
+				// coordinator stays refused.
+				terms, err := tx.CreateBucketIfNotExists(bucketTCTerms)
+				if err != nil {
+					return err
+				}
+				err = cur.b(bucketTCTerms).ForEach(func(home, v []byte) error {
+					if u64(v) <= u64(terms.Get(home)) {
+						return nil
 					}
-					var rec KeyRecord
-					old := keys.Get(k)
-					if old != nil {
-						if err := json.Unmarshal(old, &rec); err != nil {
-							return errcode.InvalidSnapshot.With("key record %q is malformed", k)
-						}
-						if rec.Fencing >= now.Fencing {
-							return nil
-						}
-					}
-					rec.Fencing = now.Fencing
-					raw, err := json.Marshal(rec)
-					if err != nil {
-						return err
-					}
-					return keys.Put(bytes.Clone(k), raw)
+					return terms.Put(bytes.Clone(home), bytes.Clone(v))
 				})
 				if err != nil {
 					return err
@@ -161,5 +183,40 @@ func (f *FSM) PrepareRestore(path string) error {
 				return nil
 			})
 		})
+	})
+}
+
+// raiseTokens raises the fencing counter (token of a record) of every
+// record of bucket in the file to at least its current value, so that no
+// token repeats; keepAbsent adds a record holding only the counter where
+// the file has none.
+func raiseTokens[T any](cur *View, tx *bolt.Tx, bucket []byte, token func(*T) *int64, keepAbsent bool) error {
+	into, err := tx.CreateBucketIfNotExists(bucket)
+	if err != nil {
+		return err
+	}
+	return cur.b(bucket).ForEach(func(k, v []byte) error {
+		var now, rec T
+		if err := json.Unmarshal(v, &now); err != nil {
+			return fmt.Errorf("fsm: current %s record %q: %w", bucket, k, err)
+		}
+		old := into.Get(k)
+		switch {
+		case old == nil && !keepAbsent:
+			return nil
+		case old != nil:
+			if err := json.Unmarshal(old, &rec); err != nil {
+				return errcode.InvalidSnapshot.With("%s record %q is malformed", bucket, k)
+			}
+			if *token(&rec) >= *token(&now) {
+				return nil
+			}
+		}
+		*token(&rec) = *token(&now)
+		raw, err := json.Marshal(rec)
+		if err != nil {
+			return err
+		}
+		return into.Put(bytes.Clone(k), raw)
 	})
 }

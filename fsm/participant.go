@@ -9,6 +9,9 @@ type resource interface {
 	// holder names the owner holding the resource for a transaction other
 	// than txn; a holder that is owner itself is no conflict.
 	holder(txn, owner string) (string, bool)
+	// held reports whether txn holds the resource with a hold that ends the
+	// transaction when it runs out (a lease, a delivery).
+	held(txn string) bool
 	// expired reports whether txn's hold on the resource has passed its
 	// expiry.
 	expired(txn string) bool
@@ -19,17 +22,15 @@ type resource interface {
 }
 
 // resource returns the resource a local participant names: a queue
-// message when its key names one ("q/<queue>/msg/<id>", as lockd names
-// them) that exists, a key otherwise.
+// message when its key has a message's shape ("q/<queue>/msg/<id>", as
+// lockd names them; no key of that shape can be acquired), a key otherwise.
 func (s *applyState) resource(p Participant) resource {
 	if p.Namespace == wire.UTXOParticipantNamespace {
 		txid, _ := txidBytes(p.Key)
 		return utxoResource{s: s, txid: txid}
 	}
 	if queue, id, ok := parseMessageKey(p.Key); ok {
-		if k := msgKey(p.Namespace, queue, id); s.message(k) != nil {
-			return queueResource{s: s, ns: p.Namespace, queue: queue, id: id, k: k}
-		}
+		return queueResource{s: s, ns: p.Namespace, queue: queue, id: id, k: msgKey(p.Namespace, queue, id)}
 	}
 	return keyResource{s: s, ns: p.Namespace, key: p.Key, k: keyOf(p.Namespace, p.Key)}
 }
@@ -55,6 +56,11 @@ func (r keyResource) holder(txn, owner string) (string, bool) {
 	return keyHolder(r.s.reader, r.k, txn, owner)
 }
 
+func (r keyResource) held(txn string) bool {
+	rec := r.s.keyRecord(r.k)
+	return rec.Lease != nil && rec.Lease.TxnID == txn
+}
+
 func (r keyResource) expired(txn string) bool {
 	rec := r.s.keyRecord(r.k)
 	return rec.Lease != nil && rec.Lease.TxnID == txn && rec.Lease.ExpiresAt <= r.s.now
@@ -63,6 +69,9 @@ func (r keyResource) expired(txn string) bool {
 func (r keyResource) lock(txn string, w Waiter) {
 	rec := r.s.keyRecord(r.k)
 	if rec.Lease != nil {
+		if until := r.s.now + w.TTL; rec.Lease.TxnID == txn && rec.Lease.ExpiresAt < until {
+			r.s.extendLease(r.k, &rec, until) // a later pending decision extends the hold
+		}
 		return
 	}
 	r.s.grant(r.ns, r.key, r.k, &rec, w)
@@ -81,6 +90,16 @@ func (r keyResource) finish(txn string, commit bool) {
 	} else {
 		r.s.putJSON(bucketKeys, r.k, rec)
 	}
+}
+
+// holds reports whether txn holds any of its local participants.
+func (s *applyState) holds(txn string, t *TxnRecord) bool {
+	held := false
+	locals(t.Participants, func(p Participant) bool {
+		held = s.resource(p).held(txn)
+		return !held
+	})
+	return held
 }
 
 // locals calls fn for each participant of this island.

@@ -57,6 +57,10 @@ var (
 // DeadLetterSuffix names a queue's dead-letter queue: "<queue>.dlq".
 const DeadLetterSuffix = ".dlq"
 
+// DefaultStagedTTL (ms) is how long a transaction that holds nothing but
+// staged enqueues may stay undecided when the enqueue names no time.
+const DefaultStagedTTL = 30_000
+
 // Message is a queued message's metadata. Times are replicated Unix ms.
 type Message struct {
 	ID          string          `json:"id"`
@@ -113,11 +117,12 @@ type EnqueueCmd struct {
 	ID          string          `json:"id"`
 	ContentType string          `json:"content_type,omitempty"`
 	Attributes  json.RawMessage `json:"attributes,omitempty"`
-	Delay       int64           `json:"delay,omitempty"` // ms
-	Visibility  int64           `json:"visibility"`      // ms, > 0
-	TTL         int64           `json:"ttl,omitempty"`   // ms; 0: kept until delivered
-	MaxAttempts int             `json:"max_attempts"`    // > 0
-	TxnID       string          `json:"txn,omitempty"`   // visible only when this transaction commits
+	Delay       int64           `json:"delay,omitempty"`   // ms
+	Visibility  int64           `json:"visibility"`        // ms, > 0
+	TTL         int64           `json:"ttl,omitempty"`     // ms; 0: kept until delivered
+	MaxAttempts int             `json:"max_attempts"`      // > 0
+	TxnID       string          `json:"txn,omitempty"`     // visible only when this transaction commits
+	TxnTTL      int64           `json:"txn_ttl,omitempty"` // ms; how long TxnID, holding nothing else, may stay undecided
 	Payload     []byte          `json:"-"`
 }
 
@@ -235,6 +240,13 @@ func MessageKey(queue, id string) string { return "q/" + queue + "/msg/" + id }
 // StateKey is the key of a message's state sidecar, as lockd names it.
 func StateKey(queue, id string) string { return "q/" + queue + "/state/" + id }
 
+// IsMessageKey reports whether key has the shape of a message's
+// participant key: such a key names the message, never a key.
+func IsMessageKey(key string) bool {
+	_, _, ok := parseMessageKey(key)
+	return ok
+}
+
 // parseMessageKey reverses MessageKey.
 func parseMessageKey(key string) (queue, id string, ok bool) {
 	rest, found := strings.CutPrefix(key, "q/")
@@ -322,7 +334,7 @@ func (s *applyState) enqueue(c *EnqueueCmd) *Result {
 	if err := validQueue(c.Namespace, c.Queue); err != nil {
 		return fail(err)
 	}
-	if c.ID == "" || hasNUL(c.ID) || tooLong(c.ID, c.TxnID) || c.Visibility <= 0 || c.MaxAttempts <= 0 || c.Delay < 0 || c.TTL < 0 ||
+	if c.ID == "" || hasNUL(c.ID) || tooLong(c.ID, c.TxnID) || c.Visibility <= 0 || c.MaxAttempts <= 0 || c.Delay < 0 || c.TTL < 0 || c.TxnTTL < 0 ||
 		hasNUL(c.TxnID) || (len(c.Attributes) > 0 && !json.Valid(c.Attributes)) {
 		return fail(errcode.MalformedCmd.With("enqueue needs an id, a positive visibility and max attempts"))
 	}
@@ -354,6 +366,13 @@ func (s *applyState) enqueue(c *EnqueueCmd) *Result {
 	s.put(bucketQBodies, k, c.Payload)
 	if t != nil {
 		mergeParticipants(t, []Participant{{Namespace: c.Namespace, Key: MessageKey(c.Queue, c.ID)}})
+		if t.Home == "" {
+			ttl := c.TxnTTL
+			if ttl <= 0 {
+				ttl = DefaultStagedTTL
+			}
+			s.setStagedUntil(c.TxnID, t, max(t.StagedUntil, s.now+ttl))
+		}
 		s.storeTxn(c.TxnID, t)
 	}
 	s.settle(c.Namespace, c.Queue, k, m)
@@ -365,7 +384,7 @@ func (s *applyState) dequeue(c *DequeueCmd) *Result {
 		return fail(err)
 	}
 	if !nonEmpty(c.Owner, c.RequestID, c.LeaseID) || c.Visibility < 0 || c.Wait < 0 || hasNUL(c.TxnID, c.StateTxn) ||
-		tooLong(c.RequestID, c.TxnID, c.StateTxn) ||
+		tooLong(c.RequestID, c.TxnID, c.StateTxn, c.LeaseID, c.StateLease) ||
 		(c.WithState && (c.StateLease == "" || (c.TxnID == "" && c.StateTxn == ""))) {
 		return fail(errcode.MalformedCmd.With("dequeue needs an owner, a request id and a lease id"))
 	}
@@ -413,7 +432,9 @@ func (s *applyState) firstReady(qid []byte) ([]byte, string) {
 // full, a sidecar held by someone else).
 func (s *applyState) deliverable(ns, queue, id string, w QueueWaiter) *errcode.Error {
 	if w.WithState {
-		if rec := s.keyRecord(keyOf(ns, StateKey(queue, id))); rec.Lease != nil && rec.Lease.ExpiresAt > s.now {
+		// An expired lease nobody swept yet is no obstacle, unless acquirers
+		// wait for the key: ending it would hand the sidecar to the first.
+		if rec := s.keyRecord(keyOf(ns, StateKey(queue, id))); rec.Lease != nil && (rec.Lease.ExpiresAt > s.now || rec.Waiters > 0) {
 			e := errcode.Waiting.With("the state sidecar of message %s is held by %s", id, rec.Lease.Owner)
 			e.RetryAfter = retryAfter(&rec, s.now)
 			return e
@@ -803,23 +824,26 @@ func (s *applyState) queueExtend(c *QueueExtendCmd) *Result {
 	if by == 0 {
 		by = m.Visibility
 	}
-	s.unsettle(c.Namespace, c.Queue, k, m)
-	m.Lease.ExpiresAt = s.now + by
-	m.VisibleAt = m.Lease.ExpiresAt
-	info := messageInfo(c.Namespace, c.Queue, m)
+	return &Result{Queue: &QueueResult{Message: s.extendDelivery(c.Namespace, c.Queue, k, m, s.now+by)}}
+}
+
+// extendDelivery moves the end of message m's delivery lease, and of its
+// sidecar's lease with it, to until.
+func (s *applyState) extendDelivery(ns, queue string, k []byte, m *Message, until int64) *MessageInfo {
+	s.unsettle(ns, queue, k, m)
+	m.Lease.ExpiresAt = until
+	m.VisibleAt = until
+	info := messageInfo(ns, queue, m)
 	if m.Lease.State {
-		sk := keyOf(c.Namespace, StateKey(c.Queue, m.ID))
+		sk := keyOf(ns, StateKey(queue, m.ID))
 		rec := s.keyRecord(sk)
 		if rec.Lease != nil && rec.Lease.ID == m.Lease.StateID {
-			s.del(bucketLeaseExp, timerKey(rec.Lease.ExpiresAt, sk))
-			rec.Lease.ExpiresAt = m.Lease.ExpiresAt
-			s.put(bucketLeaseExp, timerKey(rec.Lease.ExpiresAt, sk), nil)
-			s.putJSON(bucketKeys, sk, rec)
-			info.State = leaseInfo(c.Namespace, StateKey(c.Queue, m.ID), &rec)
+			s.extendLease(sk, &rec, until)
+			info.State = leaseInfo(ns, StateKey(queue, m.ID), &rec)
 		}
 	}
-	s.settle(c.Namespace, c.Queue, k, m)
-	return &Result{Queue: &QueueResult{Message: info}}
+	s.settle(ns, queue, k, m)
+	return info
 }
 
 // sweepQueues does what is due in the queues with up to budget units of
@@ -827,7 +851,28 @@ func (s *applyState) queueExtend(c *QueueExtendCmd) *Result {
 // ran out (a failed delivery, or the expiry of its transaction), messages
 // past their TTL, and waiting dequeues past their deadline.
 func (s *applyState) sweepQueues(budget int, retention int64, res *SweepResult) int {
+	// A transaction whose staged enqueues are all it has is rolled back
+	// once their hold ends; one with a pending decision or a lease of its
+	// own ends with those.
+	for _, tk := range s.dueKeys(bucketTxnStaged, s.now, max(budget, 0)) {
+		if budget <= 0 {
+			break
+		}
+		budget--
+		s.del(bucketTxnStaged, tk)
+		_, id := splitTimer(tk)
+		t := s.txn(string(id))
+		if t == nil || t.State != TxnPending || t.Home != "" || t.StagedUntil > s.now || t.ExpiresAt != 0 || s.holds(string(id), t) {
+			continue
+		}
+		budget -= len(t.Participants)
+		s.decideFinal(string(id), false, ReasonExpired, "nothing decided the transaction of its staged enqueues in time")
+		res.Expired++
+	}
 	for _, tk := range s.dueKeys(bucketQVis, s.now, max(budget, 0)) {
+		if budget <= 0 {
+			break
+		}
 		budget--
 		s.del(bucketQVis, tk)
 		_, k := splitTimer(tk)
@@ -921,6 +966,11 @@ func (r queueResource) holder(txn, owner string) (string, bool) {
 	return "", false
 }
 
+func (r queueResource) held(txn string) bool {
+	m := r.s.message(r.k)
+	return m != nil && m.Lease != nil && m.Lease.TxnID == txn
+}
+
 func (r queueResource) expired(txn string) bool {
 	m := r.s.message(r.k)
 	return m != nil && m.Lease != nil && m.Lease.TxnID == txn && m.Lease.ExpiresAt <= r.s.now
@@ -930,6 +980,10 @@ func (r queueResource) expired(txn string) bool {
 // transaction names but has not dequeued).
 func (r queueResource) lock(txn string, w Waiter) {
 	m := r.s.message(r.k)
+	if m != nil && m.Lease != nil && m.Lease.TxnID == txn && m.Lease.ExpiresAt < r.s.now+w.TTL {
+		r.s.extendDelivery(r.ns, r.queue, r.k, m, r.s.now+w.TTL) // a later pending decision extends the hold
+		return
+	}
 	if m == nil || m.Lease != nil || m.StagedBy != "" || m.VisibleAt > r.s.now {
 		return
 	}

@@ -23,7 +23,7 @@ var (
 
 var allBuckets = [][]byte{bucketMeta, bucketKeys, bucketDocs, bucketWaiters, bucketWaitReq,
 	bucketLeaseExp, bucketWaitExp, bucketWaitTxn, bucketTxns, bucketTxnDone,
-	bucketTxnExp, bucketTxnFanout, bucketTxnDoubt, bucketTCTerms, bucketRMs,
+	bucketTxnExp, bucketTxnFanout, bucketTxnDoubt, bucketTxnStaged, bucketTCTerms, bucketRMs,
 	bucketQMsgs, bucketQBodies, bucketQReady, bucketQVis, bucketQTTL, bucketQWaiters, bucketQWaitReq, bucketQWaitExp, bucketQEnded, bucketQEndedAt,
 	bucketRevoked, bucketTrust, bucketUTXORecs, bucketUTXOOuts, bucketUTXOHolds, bucketUTXOExp,
 	bucketUTXODAH, bucketUTXOPreserve, bucketUTXOBlocks, bucketUTXOUndo, bucketUTXOStage}
@@ -118,6 +118,7 @@ type TxnRecord struct {
 	TCTerm       uint64        `json:"tc_term,omitempty"`
 	ExpiresAt    int64         `json:"expires_at,omitempty"`
 	DoubtAt      int64         `json:"doubt_at,omitempty"`
+	StagedUntil  int64         `json:"staged_until,omitempty"` // the latest staged enqueue's hold on the transaction
 	Prepared     []string      `json:"prepared,omitempty"`
 	Acked        []string      `json:"acked,omitempty"`
 }

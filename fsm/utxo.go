@@ -1016,6 +1016,8 @@ func (r utxoResource) holder(txn, owner string) (string, bool) {
 	return "", false
 }
 
+func (r utxoResource) held(txn string) bool { return r.s.utxoHold(txn, r.txid) != nil }
+
 func (r utxoResource) expired(txn string) bool {
 	h := r.s.utxoHold(txn, r.txid)
 	return h != nil && h.ExpiresAt <= r.s.now

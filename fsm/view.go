@@ -69,7 +69,7 @@ func (v *View) NextDeadline(retention int64) (when int64, ok bool) {
 			when, ok = t, true
 		}
 	}
-	for _, b := range [][]byte{bucketLeaseExp, bucketWaitExp, bucketTxnExp, bucketQVis, bucketQTTL, bucketQWaitExp, bucketUTXOExp} {
+	for _, b := range [][]byte{bucketLeaseExp, bucketWaitExp, bucketTxnExp, bucketQVis, bucketQTTL, bucketQWaitExp, bucketUTXOExp, bucketTxnStaged} {
 		if k, _ := v.b(b).Cursor().First(); k != nil {
 			t, _ := splitTimer(k)
 			consider(t)

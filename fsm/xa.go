@@ -33,6 +33,7 @@ var (
 	bucketTxnExp    = []byte("txn_exp")     // expires_at|txn -> nil: this TC's pending decisions
 	bucketTxnFanout = []byte("txn_fanout")  // decided_at|txn -> nil: decisions other islands have not all applied
 	bucketTxnDoubt  = []byte("txn_doubt")   // doubt_at|txn -> nil: prepared participants awaiting their TC
+	bucketTxnStaged = []byte("txn_staged")  // staged_until|txn -> nil: transactions holding staged enqueues
 	bucketTCTerms   = []byte("tc_terms")    // home backend hash -> highest TC term seen (8 bytes)
 	bucketRMs       = []byte("rm_registry") // backend hash -> RMEntry
 )
@@ -229,6 +230,17 @@ func (s *applyState) setExpiry(id string, t *TxnRecord, at int64) {
 	}
 }
 
+// setStagedUntil moves the time by which a transaction holding staged
+// enqueues must be decided.
+func (s *applyState) setStagedUntil(id string, t *TxnRecord, at int64) {
+	if t.StagedUntil != 0 {
+		s.del(bucketTxnStaged, timerKey(t.StagedUntil, []byte(id)))
+	}
+	t.StagedUntil = at
+	s.put(bucketTxnStaged, timerKey(at, []byte(id)), nil)
+	s.emit(Event{Kind: EventTimer, When: at})
+}
+
 // setDoubt moves the time at which the RM asks the home TC for a decision.
 func (s *applyState) setDoubt(id string, t *TxnRecord, at int64) {
 	if t.DoubtAt != 0 {
@@ -263,8 +275,8 @@ func (s *applyState) lockLocal(txn string, t *TxnRecord, ps []Participant, owner
 	if n == 0 {
 		return nil
 	}
-	if leaseID == "" {
-		return errcode.MalformedCmd.With("locking participants needs a lease id")
+	if leaseID == "" || tooLong(leaseID) {
+		return errcode.MalformedCmd.With("locking participants needs a lease id of at most %d bytes", maxPartBytes)
 	}
 	if owner == "" {
 		owner = "tc"

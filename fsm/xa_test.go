@@ -113,11 +113,16 @@ func TestResourceManagerTermsAndPreparedLocks(t *testing.T) {
 	if r := h.one(prep); r.Err != nil || r.Decision != TxnPending {
 		t.Fatalf("prepare: %+v", r)
 	}
-	// The lease expires: a prepared participant is not rolled back, it
-	// waits for its coordinator (in doubt).
+	// The prepare holds the key until its expiry, past the lease's own.
 	h.now += 2_000
+	if r := h.one(sweep()); r.Sweep.Expired != 0 {
+		t.Fatalf("the prepared key's lease expired at its own end: %+v", r.Sweep)
+	}
+	// At the prepare's expiry the participant is not rolled back, it waits
+	// for its coordinator (in doubt).
+	h.now += 60_000
 	h.one(sweep())
-	if tr := txnOf(h, "t1"); tr.State != TxnPending || tr.DoubtAt != h.now {
+	if tr := txnOf(h, "t1"); tr.State != TxnPending || tr.DoubtAt == 0 || tr.DoubtAt > h.now {
 		t.Fatalf("after the lease expired: %+v", tr)
 	}
 	var doubt []string

@@ -119,6 +119,9 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 	if key, err = Key(key); err != nil {
 		return nil, err
 	}
+	if fsm.IsMessageKey(key) {
+		return nil, errcode.InvalidKey.With("keys of the form q/<queue>/msg/<id> name queue messages and cannot be acquired")
+	}
 	ttl := k.ttl(p.TTLSeconds)
 	txn := p.TxnID
 	if txn == "" {

@@ -28,6 +28,7 @@ type QueueLimits struct {
 	DefaultMaxAttempts int
 	MaxPayloadBytes    int64
 	MaxWait            time.Duration // longest a dequeue waits
+	StagedTxnTTL       time.Duration // how long a transaction holding only staged enqueues may stay undecided
 }
 
 // Decider ends a transaction that another island coordinates (or that spans
@@ -178,7 +179,7 @@ func (q *Queues) Enqueue(ctx context.Context, p EnqueueParams) (*fsm.MessageInfo
 	}
 	res, err := q.store.Propose(ctx, &fsm.Command{Op: fsm.OpEnqueue, Enqueue: &fsm.EnqueueCmd{Namespace: ns, Queue: queue,
 		ID: id, ContentType: p.ContentType, Attributes: compact, Delay: delay.Milliseconds(), Visibility: vis.Milliseconds(),
-		TTL: ttl.Milliseconds(), MaxAttempts: attempts, TxnID: txn, Payload: payload}})
+		TTL: ttl.Milliseconds(), MaxAttempts: attempts, TxnID: txn, TxnTTL: q.limits.StagedTxnTTL.Milliseconds(), Payload: payload}})
 	if err != nil {
 		return nil, err
 	}

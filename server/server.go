@@ -199,7 +199,8 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 	keys := rm.NewKeys(node, waits, node, rm.Limits{DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL,
 		MaxBlock: cfg.AcquireBlock, MaxStateBytes: cfg.MaxStateBytes}, id)
 	queues := rm.NewQueues(node, waits, node, rm.QueueLimits{DefaultVisibility: cfg.QueueVisibility,
-		DefaultMaxAttempts: cfg.QueueMaxAttempts, MaxPayloadBytes: cfg.MaxPayloadBytes, MaxWait: cfg.AcquireBlock}, id, coord)
+		DefaultMaxAttempts: cfg.QueueMaxAttempts, MaxPayloadBytes: cfg.MaxPayloadBytes, MaxWait: cfg.AcquireBlock,
+		StagedTxnTTL: cfg.TCPendingTTL}, id, coord)
 	utxos := rm.NewUTXOs(node, node, rm.UTXOLimits{BatchSize: cfg.UTXOBatchSize, MaxEntryBytes: cfg.MaxEntryBytes,
 		DefaultTxnTTL: cfg.DefaultTTL, MaxTxnTTL: cfg.MaxTTL})
 	chain := rm.NewChain(node, rm.ChainLimits{MaxEntryBytes: cfg.MaxEntryBytes, Retention: cfg.UTXORetentionBlocks,
