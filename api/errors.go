@@ -78,6 +78,7 @@ var statusOf = map[string]int{
 	errcode.LastVoter.Code:            http.StatusConflict,
 	errcode.TxnPending.Code:           http.StatusConflict,
 	errcode.TxnBackendMismatch.Code:   http.StatusConflict,
+	errcode.TxnBackendUnknown.Code:    http.StatusConflict,
 	errcode.TCTermStale.Code:          http.StatusConflict,
 	errcode.TxnLockConflict.Code:      http.StatusConflict,
 	errcode.TxnNotHome.Code:           http.StatusConflict,

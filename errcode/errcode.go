@@ -181,6 +181,7 @@ var (
 var (
 	TxnPending         = code("txn_pending")          // no final decision recorded for the transaction
 	TxnBackendMismatch = code("txn_backend_mismatch") // the request names another island
+	TxnBackendUnknown  = code("txn_backend_unknown")  // a participant's island has no RM registered
 	TCTermStale        = code("tc_term_stale")        // a coordinator term older than one already seen
 	TxnLockConflict    = code("txn_lock_conflict")    // a participant is held by another transaction: LOCKED:<holder>
 	TxnNotHome         = code("txn_not_home")         // this island is a resource manager, not the coordinator

@@ -260,6 +260,9 @@ func (c *Coordinator) Decide(ctx context.Context, d Decision) (*fsm.TxnInfo, err
 	if rec != nil && rec.State != fsm.TxnPending {
 		return c.answer(rec, d.State)
 	}
+	if err := c.knownIslands(ctx, d.Participants); err != nil {
+		return nil, err
+	}
 	if rec != nil {
 		d.Participants = append(d.Participants, withBackend(rec.Participants, c.island.BackendHash())...)
 	}
@@ -270,6 +273,22 @@ func (c *Coordinator) Decide(ctx context.Context, d Decision) (*fsm.TxnInfo, err
 		return c.commit(ctx, d, rec)
 	}
 	return c.finish(ctx, d, fsm.ReasonTC, "")
+}
+
+// knownIslands refuses participants on an island that no RM is registered
+// for, before anything is recorded: such a participant could never be
+// prepared or told the decision.
+func (c *Coordinator) knownIslands(ctx context.Context, ps []fsm.Participant) error {
+	self := c.island.BackendHash()
+	return c.store.Read(ctx, func(v *fsm.View) error {
+		rms := v.RMs()
+		for _, p := range ps {
+			if _, ok := rms[p.Backend]; !ok && p.Backend != self {
+				return errcode.TxnBackendUnknown.With("no RM is registered for island %s (raftlockd tc rm register)", p.Backend)
+			}
+		}
+		return nil
+	})
 }
 
 // answer reports a recorded final decision to a request for want.

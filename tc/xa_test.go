@@ -229,6 +229,20 @@ func TestCommitAndRollbackAcrossIslands(t *testing.T) {
 	}
 	register(t, a, b, c)
 
+	// An island no RM is registered for is refused before anything is
+	// recorded, whatever the decision.
+	for _, state := range []string{wire.TxnStatePending, wire.TxnStateCommit, wire.TxnStateRollback} {
+		txn := xid.New().String()
+		nowhere := part("kx", a)
+		nowhere.BackendHash = "nowhere"
+		_, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: state,
+			Participants: []wire.TxnParticipant{part("ka", a), nowhere}})
+		wantCode(t, err, http.StatusConflict, "txn_backend_unknown")
+		if rec := a.record(txn); rec != nil {
+			t.Fatalf("%s with an unknown island recorded %+v", state, rec)
+		}
+	}
+
 	// Commit: three keys on three islands, one transaction.
 	txn := xid.New().String()
 	la, lb, lc := acquire(t, a.client(), "ka", txn, "w"), acquire(t, b.client(), "kb", txn, "w"), acquire(t, c.client(), "kc", txn, "w")
