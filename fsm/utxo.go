@@ -548,6 +548,11 @@ func (s *applyState) utxoRecordPhase(c *UTXOCreateCmd, txid []byte) *Result {
 	if s.lockBlocks(txid, c.Owner) {
 		return txExists("the transaction is being created")
 	}
+	if c.TxnID != "" {
+		if err := s.holdsCreation(c.TxnID, txid); err != nil {
+			return fail(err)
+		}
+	}
 	if s.b(bucketUTXORecs).Get(recKey(txid, uint32(c.Record))) != nil {
 		return &Result{UTXO: &UTXOResult{}} // written by an earlier attempt
 	}
@@ -580,6 +585,25 @@ func (s *applyState) utxoRecordPhase(c *UTXOCreateCmd, txid []byte) *Result {
 		st.Txs++
 	}
 	return &Result{UTXO: &UTXOResult{}}
+}
+
+// holdsCreation checks that the records of a staged creation may still be
+// written: their transaction is pending and holds the creation it locked,
+// and its hold has not run out. A transaction decided before its records
+// came would otherwise leave them staged by it for good.
+func (s *applyState) holdsCreation(txn string, txid []byte) *errcode.Error {
+	t := s.txn(txn)
+	if t != nil && t.State != TxnPending {
+		return decidedErr(t)
+	}
+	h, l := s.utxoHold(txn, txid), s.utxoLock(txid)
+	switch {
+	case t == nil || h == nil || !h.Create || l == nil || l.Txn != txn:
+		return errcode.TxExists.With("transaction %s does not hold the creation lock; nothing was written", txn)
+	case h.ExpiresAt <= s.now:
+		return errcode.TxnRolledBack.With("the hold of transaction %s expired, so it rolls back; nothing was written", txn)
+	}
+	return nil
 }
 
 // txCheck is the per-transaction part of a spend's checks, in order.
@@ -949,11 +973,19 @@ func (s *applyState) utxoSetMined(txid []byte, rec *UTXORecord, c *UTXOUpdateCmd
 	if !c.OnLongestChain {
 		m.UnminedSince = &height
 	}
-	for i := 1; i < m.Records; i++ {
+	s.finishMined(txid, rec)
+}
+
+// finishMined completes the creation of a transaction marked mined:
+// creating is cleared on every record and the lock dropped (a two-phase
+// transaction's staged creation keeps its lock). The caller writes the
+// master.
+func (s *applyState) finishMined(txid []byte, rec *UTXORecord) {
+	for i := 1; i < rec.Master.Records; i++ {
 		s.clearCreating(txid, uint32(i))
 	}
 	rec.Creating = false
-	if m.StagedBy == "" {
+	if rec.Master.StagedBy == "" {
 		s.dropLock(txid)
 	}
 }
@@ -963,6 +995,9 @@ func (s *applyState) utxoSetMined(txid []byte, rec *UTXORecord, c *UTXOUpdateCmd
 // (or, prepared for another island's coordinator, put in doubt).
 func (s *applyState) sweepUTXO(budget int, res *SweepResult) int {
 	for _, tk := range s.dueKeys(bucketUTXOExp, s.now, max(budget, 0)) {
+		if budget <= 0 {
+			break // the rest is left for the next sweep (More)
+		}
 		budget--
 		when, ref := splitTimer(tk)
 		s.del(bucketUTXOExp, tk)
@@ -1035,6 +1070,9 @@ func (r utxoResource) finish(txn string, commit bool) {
 	hk := holdKey(txn, r.txid)
 	r.s.del(bucketUTXOHolds, hk)
 	r.s.del(bucketUTXOExp, timerKey(h.ExpiresAt, append([]byte{'H'}, hk...)))
+	if l := r.s.utxoLock(r.txid); h.Create && l != nil && l.Txn == txn {
+		r.s.dropLock(r.txid) // decided before its records were all written
+	}
 	rec := r.s.utxoMaster(r.txid)
 	if rec == nil {
 		return

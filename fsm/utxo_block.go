@@ -216,11 +216,12 @@ func (s *applyState) stageBlock(c *UTXOBlockCmd) *Result {
 // blockPlan is a block ready to be written: every transaction it touches,
 // read once, changed in memory.
 type blockPlan struct {
-	b       *utxoBatch
-	created [][]byte // txids the block creates, in block order
-	mined   [][]byte // txids that existed and are marked mined
-	spent   [][]byte // outpoints (txid|vout) the block spends, in order
-	fails   []errcode.Item
+	b          *utxoBatch
+	created    [][]byte // txids the block creates, in block order
+	mined      [][]byte // txids that existed and are marked mined
+	unfinished [][]byte // of those, the ones whose creation the block completes
+	spent      [][]byte // outpoints (txid|vout) the block spends, in order
+	fails      []errcode.Item
 }
 
 // planBlock checks a block against the state at height and builds its
@@ -265,7 +266,12 @@ func (s *applyState) planBlock(txs []BlockTx, height, id uint32) *blockPlan {
 				m.SubtreeIdxs = append(m.SubtreeIdxs, 0)
 			}
 			m.UnminedSince = nil
-			rec.Creating = false
+			if rec.Creating {
+				// The block completes its creation (finishMined); the rest
+				// of the block may spend it.
+				rec.Creating = false
+				p.unfinished = append(p.unfinished, txid)
+			}
 			b.touchMaster(txid)
 			p.mined = append(p.mined, txid)
 		} else {
@@ -444,6 +450,9 @@ func (s *applyState) applyBlock(c *UTXOBlockCmd) *Result {
 	s.setUTXOPolicy(c.Retention, c.Window)
 	s.put(bucketMeta, metaUTXOBlockSeq, putU64(uint64(id)))
 	s.put(bucketMeta, metaUTXOHeight, putU64(uint64(c.Height)))
+	for _, txid := range p.unfinished {
+		s.finishMined(txid, p.b.masters[string(txid)])
+	}
 	p.b.flush()
 	st := s.utxoStats()
 	st.Txs += int64(len(p.created))

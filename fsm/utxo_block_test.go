@@ -277,3 +277,27 @@ func TestRollbackWindowBoundsTheDeltasKept(t *testing.T) {
 		t.Fatalf("rollback to the oldest height kept: %+v", r.UTXO.Block)
 	}
 }
+
+// A block that mines a transaction whose creation was left unfinished
+// completes it as a mined mark does: creating is cleared on every record
+// and the lock is dropped.
+func TestBlockMiningAnUnfinishedCreationCompletesIt(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	for _, c := range []*Command{utxoStep(UTXOPhaseLock, 0), utxoStep(UTXOPhaseRecord, 0), utxoStep(UTXOPhaseRecord, 1)} {
+		h.ok(c)
+	}
+	// The block spends an output of the transaction it mines.
+	spender := BlockTx{TxID: tid(2), Inputs: []BlockIn{{TxID: tid(0xa1), Vout: 3, Hash: tid(1)}}}
+	h.ok(blockCmd(1, BlockTx{TxID: tid(0xa1)}, spender))
+	tx := h.tx(0xa1)
+	if tx.Creating || len(tx.RecordsCreating) != 0 || tx.SpentOutputs != 1 {
+		t.Fatalf("after the block: creating %v, records creating %v, spent %d", tx.Creating, tx.RecordsCreating, tx.SpentOutputs)
+	}
+	txid, _ := txidBytes(genTxIDs[0])
+	_ = h.f.View(func(v *View) error {
+		if l := v.utxoLock(txid); l != nil {
+			t.Fatalf("the creation lock stays: %+v", l)
+		}
+		return nil
+	})
+}

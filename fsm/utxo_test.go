@@ -1,6 +1,9 @@
 package fsm
 
 import (
+	"bytes"
+	"encoding/hex"
+	"fmt"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
@@ -52,5 +55,117 @@ func TestUTXOSpendOfADeletedChildIsInvalid(t *testing.T) {
 	r := h.one(spendOne(0, genHashes[1]))
 	if r.Err == nil || r.Err.Code != errcode.UTXOSpendFailed.Code || len(r.Err.Spends) != 1 || r.Err.Spends[0].Code != wire.UTXOInvalidSpend {
 		t.Fatalf("spend naming a deleted child: %+v", r.Err)
+	}
+}
+
+// stagedStep is a step of creating genTxIDs[0] for transaction txn, by a
+// creator other than createUTXO's.
+func stagedStep(phase string, record int, txn string) *Command {
+	c := utxoStep(phase, record)
+	c.UTXOCreate.Owner, c.UTXOCreate.TxnID = "staged", txn
+	return c
+}
+
+// The records of a staged creation are written only while their
+// transaction is pending and holds the creation: one decided (or whose
+// hold ran out) before they came is refused and nothing is written, so
+// the transaction is never left staged by a decided transaction and can
+// be created at once by someone else.
+func TestStagedCreationRecordsNeedTheirPendingTransaction(t *testing.T) {
+	decide := func(state string) *Command {
+		return &Command{Op: OpTxnDecide, Decide: &DecideCmd{TxnID: "t1", State: state}}
+	}
+	cases := []struct {
+		name   string
+		before []int // records written while t1 is pending
+		end    func(h *harness)
+		want   *errcode.Error
+	}{
+		{"rolled back", nil, func(h *harness) { h.ok(decide(TxnRollback)) }, errcode.TxnRolledBack},
+		{"rolled back after record 0", []int{0}, func(h *harness) { h.ok(decide(TxnRollback)) }, errcode.TxnRolledBack},
+		{"committed", nil, func(h *harness) { h.ok(decide(TxnCommit)) }, errcode.TxnCommitted},
+		{"hold expired and swept", nil, func(h *harness) { h.now += 30_001; h.ok(sweep()) }, errcode.TxnRolledBack},
+		{"hold expired", nil, func(h *harness) { h.now += 30_001 }, errcode.TxnRolledBack},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := openHarness(t, t.TempDir())
+			h.ok(stagedStep(UTXOPhaseLock, 0, "t1"))
+			for _, r := range c.before {
+				h.ok(stagedStep(UTXOPhaseRecord, r, "t1"))
+			}
+			c.end(h)
+			for _, r := range []int{1, 0} {
+				before := h.hashWithoutMeta()
+				wantCode(t, h.one(stagedStep(UTXOPhaseRecord, r, "t1")), c.want)
+				if !bytes.Equal(before, h.hashWithoutMeta()) {
+					t.Fatalf("refused record %d changed the state", r)
+				}
+			}
+			h.ok(sweep())
+			if tx := h.tx(0xa1); tx != nil {
+				t.Fatalf("left behind: %+v", tx)
+			}
+			h.createUTXO()
+			if r := h.one(spendOne(0, genHashes[1])); r.Err != nil {
+				t.Fatalf("spend after another creator made it: %v", r.Err)
+			}
+		})
+	}
+	// Pending, the records are written and the commit completes them.
+	h := openHarness(t, t.TempDir())
+	for _, c := range []*Command{stagedStep(UTXOPhaseLock, 0, "t1"), stagedStep(UTXOPhaseRecord, 1, "t1"),
+		stagedStep(UTXOPhaseRecord, 0, "t1"), decide(TxnCommit), spendOne(3, genHashes[1])} {
+		h.ok(c)
+	}
+}
+
+// A sweep does at most its limit of work: expiring a transaction's UTXO
+// holds costs one unit per participant, and what does not fit is left
+// for the next sweeps.
+func TestSweepOfUTXOHoldsStopsAtItsLimit(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	for n := byte(1); n <= 3; n++ {
+		h.mempoolTx(n, 4)
+	}
+	// Transactions t0-t3 each reserve an output of every one of txs 1-3:
+	// three participants, three holds each.
+	for i := uint32(0); i < 4; i++ {
+		c := &UTXOSpendCmd{TxnID: fmt.Sprintf("t%d", i), TTL: 1_000}
+		for n := byte(1); n <= 3; n++ {
+			x := outHash(n, i)
+			c.Spends = append(c.Spends, UTXOSpendItem{TxID: tidHex(n), Vout: i, Hash: hex.EncodeToString(x[:]), Spender: tidHex(9), Vin: i})
+		}
+		h.ok(&Command{Op: OpUTXOSpend, UTXOSpend: c})
+	}
+	h.now += 1_000
+	limited := &Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 4, TxnRetention: 60_000}}
+	sweeps, expired := 0, 0
+	for more := true; more; sweeps++ {
+		if sweeps == 10 {
+			t.Fatal("the sweeps never finish")
+		}
+		res := h.ok(limited).Sweep
+		// One transaction of three participants is the whole limit.
+		if res.Expired > 1 {
+			t.Fatalf("sweep %d expired %d transactions with a limit of 4", sweeps, res.Expired)
+		}
+		expired += res.Expired
+		more = res.More
+	}
+	if expired != 4 {
+		t.Fatalf("%d of 4 transactions expired in %d sweeps", expired, sweeps)
+	}
+	for i := 0; i < 4; i++ {
+		if tr := txnOf(h, fmt.Sprintf("t%d", i)); tr.State != TxnRollback {
+			t.Fatalf("t%d: %+v", i, tr)
+		}
+	}
+	for n := byte(1); n <= 3; n++ {
+		for _, o := range h.tx(n).Outputs {
+			if o.ReservedBy != "" {
+				t.Fatalf("tx %d output %d still reserved by %s", n, o.Vout, o.ReservedBy)
+			}
+		}
 	}
 }

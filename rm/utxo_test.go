@@ -652,3 +652,40 @@ func TestUTXOBadInput(t *testing.T) {
 		}
 	}
 }
+
+// A staged creation whose transaction is rolled back (by its client, or
+// because its hold expired) between the lock and the records is refused
+// with the rollback and leaves nothing: the transaction can be created
+// and spent at once, instead of staying staged by the rolled back one.
+func TestUTXOStagedCreateRolledBackBeforeItsRecords(t *testing.T) {
+	for _, how := range []string{"rollback", "expiry"} {
+		t.Run(how, func(t *testing.T) {
+			f := newUTXOFixture(t, 2)
+			txn := xid.New().String()
+			f.u.step = func(_ context.Context, s string) error {
+				if s == "lock" {
+					if how == "rollback" {
+						f.store.decide(t, txn, fsm.TxnRollback)
+					} else {
+						f.store.advance(5001)
+						f.store.sweep(t)
+					}
+				}
+				return nil
+			}
+			req := tx("late", 4)
+			req.TxnID, req.TTLSeconds = txn, 5
+			if _, err := f.u.Create(f.ctx, req); !errors.Is(err, errcode.TxnRolledBack) {
+				t.Fatalf("records after the rollback: %v", err)
+			}
+			f.u.step = nil
+			if _, err := f.u.Get(f.ctx, h32("late"), Linearizable); !errors.Is(err, errcode.TxNotFound) {
+				t.Fatalf("left behind: %v", err)
+			}
+			f.create(tx("late", 4))
+			if c := f.spendCode(sp("late", 3, "c", 0)); c != "" {
+				t.Fatalf("spend: %q", c)
+			}
+		})
+	}
+}
