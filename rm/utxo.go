@@ -131,10 +131,12 @@ func (u *UTXOs) txnTTL(txn string, seconds int64, floor time.Duration) (string, 
 	}
 	ttl := max(u.limits.DefaultTxnTTL, floor)
 	if seconds != 0 {
-		ttl = time.Duration(seconds) * time.Second
-		if seconds < 0 || ttl > u.limits.MaxTxnTTL {
-			return "", 0, errcode.InvalidTTL.With("ttl_seconds must be 1-%d", int64(u.limits.MaxTxnTTL/time.Second))
+		// Compared in seconds: a duration of that many would overflow.
+		maxSecs := int64(u.limits.MaxTxnTTL / time.Second)
+		if seconds < 0 || seconds > maxSecs {
+			return "", 0, errcode.InvalidTTL.With("ttl_seconds must be 1-%d", maxSecs)
 		}
+		ttl = time.Duration(seconds) * time.Second
 	}
 	return id, ttl.Milliseconds(), nil
 }

@@ -653,6 +653,32 @@ func TestUTXOBadInput(t *testing.T) {
 	}
 }
 
+// ttl_seconds is compared with the maximum before it becomes a duration:
+// values whose nanoseconds overflow (to a negative TTL, or around to an
+// allowed one) are invalid_ttl like any other TTL above the maximum, and
+// nothing is staged.
+func TestUTXOTTLSecondsBeyondTheMaximum(t *testing.T) {
+	f := newUTXOFixture(t, 0)
+	f.create(tx("p", 1))
+	for _, secs := range []int64{3601, 9223372037, 36028797018964568, 1 << 62} {
+		req := tx(fmt.Sprintf("c%d", secs), 1)
+		req.TxnID, req.TTLSeconds = xid.New().String(), secs
+		if _, err := f.u.Create(f.ctx, req); !errors.Is(err, errcode.InvalidTTL) {
+			t.Fatalf("create with ttl_seconds %d: %v", secs, err)
+		}
+		if _, err := f.u.Get(f.ctx, req.TxID, Linearizable); !errors.Is(err, errcode.TxNotFound) {
+			t.Fatalf("create with ttl_seconds %d wrote something: %v", secs, err)
+		}
+		spend := wire.UTXOSpendRequest{Spends: []wire.UTXOSpend{sp("p", 0, "c", 0)}, TxnID: xid.New().String(), TTLSeconds: secs}
+		if _, err := f.u.Spend(f.ctx, spend); !errors.Is(err, errcode.InvalidTTL) {
+			t.Fatalf("spend with ttl_seconds %d: %v", secs, err)
+		}
+	}
+	if got := f.get("p").Outputs[0]; got.ReservedBy != "" || got.SpendingTxID != "" {
+		t.Fatalf("a refused spend reserved the output: %+v", got)
+	}
+}
+
 // A staged creation whose transaction is rolled back (by its client, or
 // because its hold expired) between the lock and the records is refused
 // with the rollback and leaves nothing: the transaction can be created
