@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"net/http"
 
 	"github.com/raftlockd/raftlockd/errcode"
@@ -88,7 +89,19 @@ func decodeUTXO(w http.ResponseWriter, r *http.Request, limit int64, v any) erro
 	case trimmed[0] != '{':
 		return errcode.InvalidBody.With("the body of %s must be a JSON object", r.URL.Path)
 	}
-	return decodeStrict(raw, v, "JSON")
+	if err := decodeStrict(raw, v, "JSON"); err != nil {
+		return err
+	}
+	if rq, ok := v.(interface{ RequiredFields() []string }); ok {
+		var present map[string]json.RawMessage
+		_ = json.Unmarshal(raw, &present)
+		for _, f := range rq.RequiredFields() {
+			if _, ok := present[f]; !ok {
+				return errcode.InvalidBody.With("%s needs %s", r.URL.Path, f)
+			}
+		}
+	}
+	return nil
 }
 
 func (h *handler) utxoGet(w http.ResponseWriter, r *http.Request) error {

@@ -91,6 +91,10 @@ func TestUTXOBadInputNeverReachesTheService(t *testing.T) {
 					t.Errorf("%s: Allow %q, want POST", c.name, r.header.Get("Allow"))
 				}
 			}
+			if ep.path == "/v1/utxo/height" {
+				// An absent height is not height 0.
+				wantErr(t, serve(h, http.MethodPost, ep.path, `{}`), http.StatusBadRequest, errcode.InvalidBody.Code)
+			}
 			if calls := u.Called(); len(calls) != 0 {
 				t.Fatalf("bad input reached the service: %v", calls)
 			}

@@ -166,6 +166,10 @@ type UTXOHeightRequest struct {
 	BlockHeight uint32 `json:"block_height"`
 }
 
+// RequiredFields names what the request must carry although its zero value
+// is a height: an absent block_height is an error, not 0.
+func (UTXOHeightRequest) RequiredFields() []string { return []string{"block_height"} }
+
 // UTXOUpdateResponse answers the outpoint, flag, mined and height
 // endpoints: how many items changed and, for txid lists, the txids that
 // were not found (they change nothing).
