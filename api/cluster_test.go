@@ -205,8 +205,10 @@ func TestClusterEndpointsOnOneNode(t *testing.T) {
 		t.Fatalf("announce: %d %s", r.status, r.body)
 	}
 	wantErr(t, op.post("/v1/tc/cluster/announce", nil, `{}`), http.StatusBadRequest, "invalid_endpoint")
-	wantErr(t, op.post("/v1/tc/cluster/announce", nil, wire.TCClusterAnnounceRequest{SelfEndpoint: "ftp://x"}),
-		http.StatusBadRequest, "invalid_endpoint")
+	for _, bad := range []string{"ftp://x", "http://127.0.0.1:99999", "http://127.0.0.1:0", "http://:80"} {
+		wantErr(t, op.post("/v1/tc/cluster/announce", nil, wire.TCClusterAnnounceRequest{SelfEndpoint: bad}),
+			http.StatusBadRequest, "invalid_endpoint")
+	}
 	wantErr(t, op.post("/v1/tc/cluster/announce", nil, wire.TCClusterAnnounceRequest{SelfEndpoint: "http://127.0.0.1:1"}),
 		http.StatusNotFound, "not_found")
 	wantErr(t, op.post("/v1/tc/cluster/leave", nil, wire.TCClusterLeaveRequest{SelfEndpoint: "http://127.0.0.1:1"}),

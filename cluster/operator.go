@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net/url"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -180,11 +181,20 @@ func (n *Node) Endpoints() ([]string, time.Time, error) {
 // trailing slash); anything else is invalid_endpoint.
 func NormalizeEndpoint(ep string) (string, error) {
 	u, err := url.Parse(strings.TrimSpace(ep))
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil ||
-		u.RawQuery != "" || u.Fragment != "" || strings.Trim(u.Path, "/") != "" {
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.User != nil ||
+		u.RawQuery != "" || u.Fragment != "" || strings.Trim(u.Path, "/") != "" || !validPort(u.Port()) {
 		return "", errcode.InvalidEndpoint.With("%q is not the http(s) URL of a server", ep)
 	}
 	return strings.ToLower(u.Scheme) + "://" + strings.ToLower(u.Host), nil
+}
+
+// validPort reports whether port is empty (the scheme's) or 1-65535.
+func validPort(port string) bool {
+	if port == "" {
+		return true
+	}
+	n, err := strconv.Atoi(port)
+	return err == nil && n >= 1 && n <= 65535
 }
 
 // MemberByEndpoint returns the id of the server in the Raft configuration
