@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"mime"
 	"mime/multipart"
 	"net/http"
 	"net/http/httptest"
@@ -134,9 +135,9 @@ func multipartSeed(t testing.TB, boundary string, parts ...[3]string) (string, [
 
 // FuzzEnqueueMultipart drives the enqueue endpoint (the multipart parser
 // behind it) with arbitrary content types and bodies: nothing panics, a
-// rejection is a 4xx envelope and reaches no service, an acceptance passes
-// exactly one enqueue with a payload within the limit and meta fields that
-// were valid JSON.
+// rejection is a 4xx envelope and reaches no service, an acceptance (of a
+// body with its closing delimiter) passes exactly one enqueue with a payload
+// within the limit and meta fields that were valid JSON.
 func FuzzEnqueueMultipart(f *testing.F) {
 	meta := [3]string{"meta", "application/json", `{"queue":"q","attributes":{"a":1},"max_attempts":2}`}
 	for _, seed := range [][][3]string{
@@ -158,6 +159,8 @@ func FuzzEnqueueMultipart(f *testing.F) {
 	f.Add(ct, body)
 	f.Add(`multipart/related; boundary="`+strings.Repeat("b", 5000)+`"`, body)
 	f.Add("multipart/form-data; boundary=x", []byte("--x\r\nContent-Disposition: form-data; name=\"meta\"\r\n\r\n{}"))
+	f.Add("multipart/form-data; boundary=x", []byte("--x\r\nContent-Disposition: form-data; name=\"meta\"\r\n\r\n{\"queue\":\"q\"}\r\n--x\r\n"))
+	f.Add("multipart/form-data; boundary=x", []byte("--x\r\nContent-Disposition: form-data; name=\"meta\"\r\n\r\n{\"queue\":\"q\"}\r\n--x--"))
 	f.Add("text/plain", []byte("not multipart"))
 	f.Add("multipart/form-data", []byte("--x--\r\n"))
 	f.Fuzz(func(t *testing.T, contentType string, body []byte) {
@@ -178,6 +181,9 @@ func FuzzEnqueueMultipart(f *testing.F) {
 		}
 		if len(q.enqueued) != 1 {
 			t.Fatalf("accepted after %d enqueues", len(q.enqueued))
+		}
+		if _, params, _ := mime.ParseMediaType(contentType); !bytes.Contains(body, []byte("--"+params["boundary"]+"--")) {
+			t.Fatalf("accepted a body without its closing delimiter")
 		}
 		if n := len(q.payloads[0]); n > fuzzMaxPayload {
 			t.Fatalf("accepted a payload of %d bytes, limit %d", n, fuzzMaxPayload)

@@ -86,6 +86,34 @@ func (p *payloadPart) Read(b []byte) (int, error) {
 	return n, err
 }
 
+// closedBody is an enqueue body as the multipart reader sees it: its end is
+// invalid_body, not io.EOF, unless its last line is the closing delimiter
+// ("--boundary--", maybe followed by spaces or tabs). The reader answers the
+// closing delimiter with a bare io.EOF, but also a part whose header lines
+// the end of the body cuts short; it reads up to the end only when the
+// closing delimiter has no line break after it or the body is cut short.
+type closedBody struct {
+	r     io.Reader
+	close []byte // "--" + boundary + "--"
+	line  []byte // the start of the last line read, up to len(close) bytes
+	more  bool   // the last line goes on with more than spaces and tabs
+}
+
+func (b *closedBody) Read(p []byte) (int, error) {
+	n, err := b.r.Read(p)
+	read := p[:n]
+	if i := bytes.LastIndexByte(read, '\n'); i >= 0 {
+		b.line, b.more, read = b.line[:0], false, read[i+1:]
+	}
+	k := min(len(read), len(b.close)-len(b.line))
+	b.line = append(b.line, read[:k]...)
+	b.more = b.more || len(bytes.Trim(read[k:], " \t")) > 0
+	if errors.Is(err, io.EOF) && (b.more || !bytes.Equal(b.line, b.close)) {
+		return n, errcode.InvalidBody.With("the body ends before its closing boundary")
+	}
+	return n, err
+}
+
 // decodeStrict decodes one JSON object, rejecting unknown fields and
 // trailing data.
 func decodeStrict(raw []byte, v any, what string) error {
@@ -121,14 +149,16 @@ func (h *handler) queueEnqueue(w http.ResponseWriter, r *http.Request) error {
 			wire.PartMeta, wire.PartPayload)
 	}
 	limit := h.Queues.Limits().MaxPayloadBytes
-	mr := multipart.NewReader(http.MaxBytesReader(w, r.Body, limit+h.MaxBodyBytes+multipartOverhead), params["boundary"])
+	body := &closedBody{r: http.MaxBytesReader(w, r.Body, limit+h.MaxBodyBytes+multipartOverhead),
+		close: []byte("--" + params["boundary"] + "--")}
+	mr := multipart.NewReader(body, params["boundary"])
 	var meta wire.EnqueueRequest
 	var payload []byte
 	var partType string
 	sawMeta, sawPayload := false, false
 	for {
 		part, err := mr.NextPart()
-		if err == io.EOF { //nolint:errorlint // only the bare io.EOF is the closing boundary; a wrapped one is a truncated body
+		if err == io.EOF { //nolint:errorlint // only the bare io.EOF is the closing delimiter (closedBody); a wrapped one is a truncated body
 			break
 		}
 		if err != nil {

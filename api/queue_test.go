@@ -274,9 +274,29 @@ func TestQueueErrors(t *testing.T) {
 		http.StatusBadRequest, "invalid_body")
 	wantErr(t, e.do(http.MethodPost, "/v1/queue/enqueue", map[string]string{"Content-Type": "multipart/form-data"}, `x`),
 		http.StatusBadRequest, "invalid_body")
-	truncated := "--b\r\nContent-Disposition: form-data; name=\"meta\"\r\n\r\n{\"queue\":\"q\"}\r\n--b\r\nContent-Disposition: form-data; name=\"payload\"\r\n\r\nabc"
-	wantErr(t, e.do(http.MethodPost, "/v1/queue/enqueue", map[string]string{"Content-Type": "multipart/form-data; boundary=b"}, truncated),
-		http.StatusBadRequest, "invalid_body")
+	// A body cut short is refused wherever it ends, and enqueues nothing;
+	// only the closing delimiter ends it (a line break, spaces or an
+	// epilogue may follow).
+	formB := map[string]string{"Content-Type": "multipart/form-data; boundary=b"}
+	metaPart := "--b\r\nContent-Disposition: form-data; name=\"meta\"\r\n\r\n{\"queue\":\"cut\"}\r\n"
+	payloadHeader := "--b\r\nContent-Disposition: form-data; name=\"payload\""
+	for _, cut := range []string{metaPart, metaPart + "--b", metaPart + "--b-", metaPart + "--b\r\n", metaPart + "--b--\r",
+		metaPart + "--b--x", metaPart + payloadHeader, metaPart + payloadHeader + "\r\n",
+		metaPart + payloadHeader + "\r\n\r\nabc", metaPart + payloadHeader + "\r\n\r\nabc\r\n--b\r\n"} {
+		wantErr(t, e.do(http.MethodPost, "/v1/queue/enqueue", formB, cut), http.StatusBadRequest, "invalid_body")
+	}
+	if st := e.stats("cut"); st.Ready != 0 {
+		t.Fatalf("bodies cut short enqueued %d messages", st.Ready)
+	}
+	ends := []string{"--b--", "--b--\r\n", "--b-- \t", "--b--\r\nepilogue", payloadHeader + "\r\n\r\nabc\r\n--b--"}
+	for _, end := range ends {
+		if r := e.do(http.MethodPost, "/v1/queue/enqueue", formB, metaPart+end); r.status != http.StatusOK {
+			t.Fatalf("body ending %q: %d %s", end, r.status, r.body)
+		}
+	}
+	if st := e.stats("cut"); st.Ready != len(ends) {
+		t.Fatalf("%d messages from %d complete bodies", st.Ready, len(ends))
+	}
 	wantErr(t, e.do(http.MethodPost, "/v1/queue/enqueue", map[string]string{"Content-Type": "multipart/form-data; boundary=b"}, "garbage"),
 		http.StatusBadRequest, "invalid_body")
 	wantErr(t, e.enqueueRaw("multipart/form-data", map[string]string{wire.HeaderIdempotencyKey: strings.Repeat("k", 200)}, meta),
