@@ -79,6 +79,9 @@ type Options struct {
 	// MaxUTXOBodyBytes bounds the bodies of /v1/utxo/create and spend
 	// (default 32 MiB); the other UTXO endpoints take MaxBodyBytes.
 	MaxUTXOBodyBytes int64
+	// MaxTTL is the longest lease (--max-ttl, default 1 h); a transaction's
+	// expires_at_unix lies at most that far ahead.
+	MaxTTL time.Duration
 }
 
 type handler struct {
@@ -93,6 +96,9 @@ func New(o Options) http.Handler {
 	}
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = 64 << 10
+	}
+	if o.MaxTTL <= 0 {
+		o.MaxTTL = time.Hour
 	}
 	if o.MaxUTXOBodyBytes <= 0 {
 		o.MaxUTXOBodyBytes = defaultMaxUTXOBodyBytes

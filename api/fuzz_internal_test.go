@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"math"
 	"mime"
 	"mime/multipart"
 	"net/http"
@@ -262,13 +263,16 @@ func badRequest(t *testing.T, what string, err error) {
 // FuzzRequestHeaders parses the headers and parameters requests carry
 // outside their bodies: X-Fencing-Token, X-If-Version, X-Raftlockd-Timeout,
 // meta_etag, the stale and include_state flags and expires_at_unix.
-// Nothing panics, a rejection is a 4xx, and what is accepted is in range.
+// Nothing panics, a rejection is a 4xx, and what is accepted is in range
+// (an expiry within the hour ahead).
 func FuzzRequestHeaders(f *testing.F) {
 	f.Add("1", "0", "1.5s", `"7"`, "1", int64(0))
 	f.Add(" 42 ", "-1", "0s", "", "true", int64(-1))
 	f.Add("0", "9223372036854775808", "25h", "x", "yes", int64(1<<40))
 	f.Add("-5", "1e3", "1ns", `"0"`, "", int64(1))
 	f.Add("0x10", " 3 ", "-1s", "\"", "TRUE", int64(0))
+	f.Add("7", "2", "1m", "", "false", int64(9223372036854775))
+	f.Add("7", "2", "1m", "", "false", int64(math.MaxInt64))
 	f.Add("", "", "24h0m0.000000001s", "9223372036854775807", "0", int64(0))
 	f.Fuzz(func(t *testing.T, fencing, ifVersion, timeout, etag, flag string, expires int64) {
 		r := httptest.NewRequest(http.MethodPost, "/?stale="+url.QueryEscape(flag)+"&include_state="+url.QueryEscape(flag), nil)
@@ -317,8 +321,10 @@ func FuzzRequestHeaders(f *testing.F) {
 		if _, err := boolParam(r, "include_state"); err != nil {
 			badRequest(t, "include_state", err)
 		}
-		if _, err := expiresAt(expires); err != nil {
+		if at, err := expiresAt(expires, start, time.Hour); err != nil {
 			badRequest(t, "expires_at_unix", err)
+		} else if expires != 0 && (!at.After(start) || at.After(start.Add(time.Hour+time.Second))) {
+			t.Fatalf("expires_at_unix %d accepted as %v, %v from now", expires, at, at.Sub(start))
 		}
 	})
 }

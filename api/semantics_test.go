@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
@@ -357,6 +358,49 @@ func TestTransactionCodes(t *testing.T) {
 	}
 	if r := e.release(big, false); r.status != http.StatusOK {
 		t.Fatalf("release of 1024 keys: %d %s", r.status, r.body)
+	}
+}
+
+// A transaction's expires_at_unix (decide and prepare) is 0 or lies in the
+// future, at most --max-ttl from now: anything else is 400 invalid_ttl and
+// records nothing.
+func TestTransactionExpiryIsBounded(t *testing.T) {
+	e := newEnvWith(t, func(c *config.Server) { c.MaxTTL = 10 * time.Minute }).operator()
+	// A prepare as another island's coordinator sends it (decide ignores
+	// the coordinator's fields); every transaction locks a key of its own.
+	decision := func(txn string, expires int64) string {
+		return fmt.Sprintf(`{"txn_id":%q,"state":"pending","participants":[{"key":%[1]q}],"expires_at_unix":%d,`+
+			`"tc_backend_hash":"other","tc_term":1}`, txn, expires)
+	}
+	now := time.Now().Unix()
+	cases := []struct {
+		name    string
+		expires int64
+	}{
+		{"negative", -1},
+		{"past", now - 60},
+		{"beyond max-ttl", now + 11*60},
+		{"year 292 million", 9223372036854775},
+		{"overflowing milliseconds", math.MaxInt64},
+	}
+	for _, c := range cases {
+		for _, path := range []string{"/v1/txn/decide", "/v1/txn/prepare"} {
+			t.Run(c.name+path, func(t *testing.T) {
+				txn := xid.New().String()
+				wantErr(t, e.post(path, nil, decision(txn, c.expires)), http.StatusBadRequest, "invalid_ttl")
+				wantErr(t, e.do(http.MethodGet, "/v1/txn/status?txn_id="+txn, nil, ""), http.StatusNotFound, "not_found")
+			})
+		}
+	}
+	// At the bound the decision is recorded with that expiry.
+	txn := xid.New().String()
+	if r := e.post("/v1/txn/decide", nil, decision(txn, now+10*60)); r.status != http.StatusOK {
+		t.Fatalf("decide: %d %s", r.status, r.body)
+	}
+	var st wire.TxnStatusResponse
+	e.do(http.MethodGet, "/v1/txn/status?txn_id="+txn, nil, "").json(t, &st)
+	if st.State != wire.TxnStatePending || st.ExpiresAtUnix != now+10*60 {
+		t.Fatalf("status %+v", st)
 	}
 }
 

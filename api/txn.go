@@ -131,12 +131,16 @@ func participantsOut(ps []fsm.Participant, self string) []wire.TxnParticipant {
 	return out
 }
 
-func expiresAt(unix int64) (time.Time, error) {
-	switch {
-	case unix < 0:
-		return time.Time{}, errcode.InvalidParams.With("expires_at_unix must not be negative")
-	case unix == 0:
+// expiresAt reads a transaction's expires_at_unix: 0 (the default) or a
+// time after now and at most maxTTL from it (in whole seconds, rounded up).
+// The bound keeps a pending transaction from holding its keys longer than a
+// lease may, and its expiry in Unix milliseconds from overflowing.
+func expiresAt(unix int64, now time.Time, maxTTL time.Duration) (time.Time, error) {
+	if unix == 0 {
 		return time.Time{}, nil
+	}
+	if unix <= now.Unix() || unix > ceilUnix(now.Add(maxTTL)) {
+		return time.Time{}, errcode.InvalidTTL.With("expires_at_unix must be 0 or a time in the future at most %s from now", maxTTL)
 	}
 	return time.Unix(unix, 0), nil
 }
@@ -146,7 +150,7 @@ func (h *handler) txnDecide(w http.ResponseWriter, r *http.Request) error {
 	if err := h.decodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	exp, err := expiresAt(req.ExpiresAtUnix)
+	exp, err := expiresAt(req.ExpiresAtUnix, time.Now(), h.MaxTTL)
 	if err != nil {
 		return err
 	}
@@ -199,7 +203,7 @@ func (h *handler) txnRM(state string) func(http.ResponseWriter, *http.Request) e
 		if req.State != "" && req.State != state {
 			return errcode.InvalidParams.With("state %q does not match %s", req.State, r.URL.Path)
 		}
-		exp, err := expiresAt(req.ExpiresAtUnix)
+		exp, err := expiresAt(req.ExpiresAtUnix, time.Now(), h.MaxTTL)
 		if err != nil {
 			return err
 		}

@@ -90,7 +90,7 @@ a participant without a backend hash belongs to the island of --server.
 		sub.Flags().StringArrayVar(&parts, "participant", nil, "participant as [namespace:]key[@backend_hash] (repeatable)")
 		sub.Flags().StringVar(&owner, "owner", "", "owner holding the keys a prepare locks; keys it holds already are no conflict")
 		if s.state == wire.TxnStatePending {
-			sub.Flags().DurationVar(&expires, "expires", 0, "roll the transaction back unless decided within this long (default: the server's --tc-pending-ttl)")
+			sub.Flags().DurationVar(&expires, "expires", 0, "roll the transaction back unless decided within this long (default: the server's --tc-pending-ttl; at most its --max-ttl)")
 		}
 		subs = append(subs, sub)
 	}
