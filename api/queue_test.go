@@ -307,6 +307,12 @@ func TestQueueErrors(t *testing.T) {
 	wantErr(t, e.dequeueRaw(`{"queue":"q"}`), http.StatusBadRequest, "missing_owner")
 	wantErr(t, e.dequeueRaw(`{"owner":"o"}`), http.StatusBadRequest, "invalid_queue")
 	wantErr(t, e.dequeueRaw(`{"queue":"q/x","owner":"o"}`), http.StatusBadRequest, "invalid_queue")
+	// Only a dead-letter queue may be longer than 128 characters, by its suffix.
+	longest := strings.Repeat("q", 128)
+	wantErr(t, e.dequeueRaw(`{"queue":"`+longest+`x","owner":"o"}`), http.StatusBadRequest, "invalid_queue")
+	wantErr(t, e.dequeueRaw(`{"queue":"`+longest+`x.dlq","owner":"o"}`), http.StatusBadRequest, "invalid_queue")
+	wantErr(t, e.enqueueRaw("multipart/form-data", nil, [3]string{"meta", "", `{"queue":"` + longest + `.dlq"}`}),
+		http.StatusBadRequest, "invalid_queue")
 	wantErr(t, e.dequeueRaw(`{"queue":"q","owner":"o","wait_seconds":-2}`), http.StatusBadRequest, "invalid_params")
 	wantErr(t, e.dequeueRaw(`{"queue":"q","owner":"o","visibility_timeout_seconds":-2}`), http.StatusBadRequest, "invalid_params")
 	wantErr(t, e.dequeueRaw(`{"queue":"q","owner":"o","txn_id":"x"}`), http.StatusBadRequest, "invalid_txn")
@@ -436,6 +442,40 @@ func TestQueueNackRedeliversAndDeadLetters(t *testing.T) {
 	}
 	if err := dead.Ack(ctx); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// The dead-letter queue of a queue with the longest name is 4 characters
+// longer ("<queue>.dlq"), and can be consumed all the same.
+func TestQueueDeadLettersOfTheLongestName(t *testing.T) {
+	e := newEnv(t)
+	c := e.client()
+	ctx := testCtx(t)
+	queue := strings.Repeat("q", 128)
+	if _, err := c.Enqueue(ctx, wire.EnqueueRequest{Queue: queue, MaxAttempts: 1}, []byte("p1")); err != nil {
+		t.Fatal(err)
+	}
+	d, err := c.Dequeue(ctx, wire.DequeueRequest{Queue: queue, Owner: "w", WaitSeconds: wire.BlockNoWait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := d.Nack(ctx, wire.NackIntentFailure, 0, nil)
+	dlq := queue + wire.DeadLetterSuffix
+	if err != nil || out.Requeued || out.DeadLetterQueue != dlq {
+		t.Fatalf("nack: %+v %v", out, err)
+	}
+	if st := e.stats(dlq); st.Ready != 1 {
+		t.Fatalf("dead-letter queue stats %+v", st)
+	}
+	dead, err := c.Dequeue(ctx, wire.DequeueRequest{Queue: dlq, Owner: "w", WaitSeconds: wire.BlockNoWait})
+	if err != nil || string(dead.Payload) != "p1" || dead.Message.Queue != dlq {
+		t.Fatalf("dead letter: %+v %v", dead, err)
+	}
+	if err := dead.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if st := e.stats(dlq); st.Ready != 0 || st.InFlight != 0 {
+		t.Fatalf("dead-letter queue stats after the ack %+v", st)
 	}
 }
 

@@ -48,7 +48,7 @@ func printableName(s string) bool {
 func FuzzNames(f *testing.F) {
 	for _, s := range []string{"", "default", " Orders ", ".txns", "a.b_c-d", strings.Repeat("n", 129), "ns\x00x",
 		"k", "q/orders/state/1", "ключ", "\xff\xfe", "tab\there", strings.Repeat("k", 513),
-		"orders", "orders.dlq", "Q-1_x", ".hidden", xid.New().String(), "9m4e2mr0ui3e8a215n4h", "9M4E2MR0UI3E8A215N4G",
+		"orders", "orders.dlq", "Q-1_x", strings.Repeat("q", 128) + ".dlq", strings.Repeat("q", 129) + ".dlq", ".hidden", xid.New().String(), "9m4e2mr0ui3e8a215n4h", "9M4E2MR0UI3E8A215N4G",
 		"backend/1", "island a", "h1", strings.Repeat("0", 64), strings.Repeat("g", 64)} {
 		f.Add(s)
 	}
@@ -80,13 +80,15 @@ func FuzzNames(f *testing.F) {
 			if again, err := rm.QueueName(q); err != nil || again != q {
 				t.Fatalf("QueueName(%q) = %q, which validates as %q, %v", s, q, again, err)
 			}
-			if q == "" || len(q) > 128 || q[0] == '.' || strings.ContainsAny(q, "/\x00 ") {
+			// Only a dead-letter queue is longer than 128 characters.
+			if q == "" || len(q) > 128 && (len(q) > 132 || !strings.HasSuffix(q, wire.DeadLetterSuffix)) || q[0] == '.' ||
+				strings.ContainsAny(q, "/\x00 ") {
 				t.Fatalf("QueueName(%q) accepted %q", s, q)
 			}
-			// The dead letter queue of an accepted queue is a valid name
-			// too, as long as it fits.
-			if len(q) <= 124 {
-				if _, err := rm.QueueName(q + ".dlq"); err != nil {
+			// The dead letter queue of a queue messages can be sent to
+			// can be consumed.
+			if len(q) <= 128 {
+				if _, err := rm.QueueName(q + wire.DeadLetterSuffix); err != nil {
 					t.Fatalf("dead letter queue of %q: %v", q, err)
 				}
 			}

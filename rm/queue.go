@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/rs/xid"
@@ -71,13 +72,20 @@ func (q *Queues) Limits() QueueLimits { return q.limits }
 const maxQueueLen = 128
 
 // QueueName validates a queue name: 1-128 of A-Z, a-z, 0-9, '.', '_', '-',
-// not starting with '.'.
+// not starting with '.'. The dead-letter queue of such a queue,
+// "<queue>.dlq", may be longer by its suffix (Enqueue does not take such a
+// name: its own dead-letter queue would be longer still).
 func QueueName(name string) (string, error) {
 	if name == "" {
 		return "", errcode.InvalidQueue.With("queue is required")
 	}
-	if len(name) > maxQueueLen || name[0] == '.' {
-		return "", errcode.InvalidQueue.With("queue must be 1-%d characters and not start with '.'", maxQueueLen)
+	limit := maxQueueLen
+	if strings.HasSuffix(name, fsm.DeadLetterSuffix) {
+		limit += len(fsm.DeadLetterSuffix)
+	}
+	if len(name) > limit || name[0] == '.' {
+		return "", errcode.InvalidQueue.With("queue must be 1-%d characters (a dead-letter queue %d) and not start with '.'",
+			maxQueueLen, maxQueueLen+len(fsm.DeadLetterSuffix))
 	}
 	for _, r := range name {
 		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
@@ -128,6 +136,9 @@ func (q *Queues) Enqueue(ctx context.Context, p EnqueueParams) (*fsm.MessageInfo
 	ns, queue, err := QueueRef(p.Namespace, p.Queue)
 	if err != nil {
 		return nil, err
+	}
+	if len(queue) > maxQueueLen {
+		return nil, errcode.InvalidQueue.With("a queue to enqueue to must be 1-%d characters", maxQueueLen)
 	}
 	if err := idempotencyKey(p.IdempotencyKey); err != nil {
 		return nil, err
