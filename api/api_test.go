@@ -498,6 +498,7 @@ func TestLeaseChecks(t *testing.T) {
 	wantErr(t, upd(with(func(h map[string]string) { h[wire.HeaderFencingToken] = "7" }), `{}`), 403, "fencing_mismatch")
 	wantErr(t, upd(with(func(h map[string]string) { h[wire.HeaderFencingToken] = "x" }), `{}`), 400, "invalid_fencing_token")
 	wantErr(t, upd(leaseHeaders(l), `{"a":`), 400, "invalid_body")
+	wantErr(t, upd(leaseHeaders(l), "{\"a\":\"\xff\"}"), 400, "invalid_body")
 	wantErr(t, upd(leaseHeaders(l), ``), 400, "missing_body")
 	wantErr(t, upd(leaseHeaders(l), `{"big":"`+strings.Repeat("x", 1<<20)+`"}`), 413, "state_too_large")
 	wantErr(t, upd(with(func(h map[string]string) { h[wire.HeaderExpectedBytes] = "3" }), `{}`), 409, "expected_bytes_mismatch")

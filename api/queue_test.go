@@ -255,6 +255,8 @@ func TestQueueErrors(t *testing.T) {
 	wantErr(t, e.enqueueRaw("multipart/form-data", nil, [3]string{"meta", "", `{"queue":"q",`}), http.StatusBadRequest, "invalid_body")
 	wantErr(t, e.enqueueRaw("multipart/form-data", nil, [3]string{"meta", "", `{"queue":"q","bogus":1}`}), http.StatusBadRequest, "invalid_body")
 	wantErr(t, e.enqueueRaw("multipart/form-data", nil, [3]string{"meta", "", `{"queue":"q","attributes":[1]}`}), http.StatusBadRequest, "invalid_body")
+	wantErr(t, e.enqueueRaw("multipart/form-data", nil, [3]string{"meta", "", "{\"queue\":\"q\",\"attributes\":{\"a\":\"\xff\"}}"}),
+		http.StatusBadRequest, "invalid_body")
 	wantErr(t, e.enqueueRaw("multipart/form-data", nil, [3]string{"meta", "", `{"queue":"q","delay_seconds":-1}`}), http.StatusBadRequest, "invalid_params")
 	wantErr(t, e.enqueueRaw("multipart/form-data", nil, [3]string{"meta", "", `{"queue":"q","txn_id":"nope"}`}), http.StatusBadRequest, "invalid_txn")
 	wantErr(t, e.enqueueRaw("multipart/form-data", nil, meta, meta), http.StatusBadRequest, "invalid_body")
@@ -352,6 +354,9 @@ func TestQueueErrors(t *testing.T) {
 	}
 	wantErr(t, e.post("/v1/queue/nack", nil, body(func(b map[string]any) { b["intent"] = "later" })), http.StatusBadRequest, "invalid_params")
 	wantErr(t, e.post("/v1/queue/nack", nil, body(func(b map[string]any) { b["delay_seconds"] = -3 })), http.StatusBadRequest, "invalid_params")
+	raw, _ := json.Marshal(ackBody(m))
+	wantErr(t, e.post("/v1/queue/nack", nil, strings.TrimSuffix(string(raw), "}")+",\"last_error\":\"\xff\"}"),
+		http.StatusBadRequest, "invalid_body")
 	wantErr(t, e.post("/v1/queue/extend", nil, body(func(b map[string]any) { b["extend_by_seconds"] = -3 })), http.StatusBadRequest, "invalid_params")
 	wantErr(t, e.post("/v1/queue/stats", nil, `{"queue":""}`), http.StatusBadRequest, "invalid_queue")
 	wantErr(t, e.post("/v1/queue/stats?stale=perhaps", nil, `{"queue":"q"}`), http.StatusBadRequest, "invalid_params")

@@ -347,6 +347,9 @@ func ReadDocument(b Body, limit int64) ([]byte, string, error) {
 	if err := json.Compact(&out, raw); err != nil {
 		return nil, "", errcode.InvalidBody.With("state is not valid JSON: %v", err)
 	}
+	if !validJSON(raw) {
+		return nil, "", errcode.InvalidBody.With("state is not valid JSON: invalid UTF-8")
+	}
 	sum := sha256.Sum256(out.Bytes())
 	return out.Bytes(), hex.EncodeToString(sum[:]), nil
 }

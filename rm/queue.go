@@ -9,6 +9,7 @@ import (
 	"io"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/rs/xid"
 
@@ -105,6 +106,11 @@ func QueueRef(ns, queue string) (string, string, error) {
 	return ns, queue, err
 }
 
+// validJSON reports whether raw is JSON text in UTF-8: json.Valid and
+// json.Compact let invalid UTF-8 in strings through, which would be stored
+// and served as JSON that is not.
+func validJSON(raw []byte) bool { return utf8.Valid(raw) && json.Valid(raw) }
+
 func seconds(name string, s int64) (time.Duration, error) {
 	if s < 0 {
 		return 0, errcode.InvalidParams.With("%s must not be negative", name)
@@ -162,7 +168,7 @@ func (q *Queues) Enqueue(ctx context.Context, p EnqueueParams) (*fsm.MessageInfo
 	case attempts == 0:
 		attempts = q.limits.DefaultMaxAttempts
 	}
-	if len(p.Attributes) > 0 && (!json.Valid(p.Attributes) || bytes.TrimSpace(p.Attributes)[0] != '{') {
+	if len(p.Attributes) > 0 && (!validJSON(p.Attributes) || bytes.TrimSpace(p.Attributes)[0] != '{') {
 		return nil, errcode.InvalidBody.With("attributes must be a JSON object")
 	}
 	if len(p.ContentType) > 256 || !printable(p.ContentType) {
@@ -409,7 +415,7 @@ func (q *Queues) Nack(ctx context.Context, ref MessageRef, p NackParams) (*fsm.Q
 	if err != nil {
 		return nil, err
 	}
-	if len(p.LastError) > 0 && (!json.Valid(p.LastError) || len(p.LastError) > 64<<10) {
+	if len(p.LastError) > 0 && (!validJSON(p.LastError) || len(p.LastError) > 64<<10) {
 		return nil, errcode.InvalidBody.With("last_error must be JSON of at most 64 KiB")
 	}
 	res, err := q.finish(ctx, &fsm.Command{Op: fsm.OpQNack, QNack: &fsm.QueueNackCmd{MessageRef: r, Defer: p.Defer,
