@@ -226,6 +226,9 @@ func TestAcquireRejectsBadInput(t *testing.T) {
 		{"bad txn header", `{"key":"a","owner":"o"}`, "", map[string]string{wire.HeaderTxnID: "zz"}, 400, "invalid_txn"},
 		{"reserved namespace", `{"key":"a","owner":"o","namespace":".txns"}`, "", nil, 400, "invalid_namespace"},
 		{"bad namespace", `{"key":"a","owner":"o","namespace":"a b"}`, "", nil, 400, "invalid_namespace"},
+		{"padded namespace", `{"key":"a","owner":"o","namespace":" a "}`, "", nil, 400, "invalid_namespace"},
+		{"dotted capital I namespace", `{"key":"a","owner":"o","namespace":"\u0130"}`, "", nil, 400, "invalid_namespace"},
+		{"kelvin sign namespace", `{"key":"a","owner":"o","namespace":"\u212a"}`, "", nil, 400, "invalid_namespace"},
 		{"control char key", `{"key":"a\u0000b","owner":"o"}`, "", nil, 400, "invalid_key"},
 		{"long key", `{"key":"` + strings.Repeat("k", 600) + `","owner":"o"}`, "", nil, 400, "invalid_key"},
 		{"message-shaped key", `{"key":"q/jobs/msg/m1","owner":"o"}`, "", nil, 400, "invalid_key"},
@@ -239,11 +242,17 @@ func TestAcquireRejectsBadInput(t *testing.T) {
 	}
 	// None of the rejected requests left a trace.
 	_ = e.srv.Node().FSM().View(func(v *fsm.View) error {
-		if rec, ok := v.Key("default", "a"); ok {
-			t.Errorf("a rejected acquire left a key record: %+v", rec)
+		for _, ns := range []string{"default", "a", "i", "k"} {
+			if rec, ok := v.Key(ns, "a"); ok {
+				t.Errorf("a rejected acquire left a key record in %s: %+v", ns, rec)
+			}
 		}
 		return nil
 	})
+	// ASCII capitals are lower-cased, as lockd clients expect.
+	if l := e.acquire(wire.AcquireRequest{Namespace: "Mixed-CASE", Key: "a"}, nil); l.Namespace != "mixed-case" {
+		t.Fatalf("namespace %q", l.Namespace)
+	}
 	wantErr(t, e.do(http.MethodGet, "/v1/acquire", nil, ""), 405, "method_not_allowed")
 	wantErr(t, e.do(http.MethodGet, "/v1/nope", nil, ""), 404, "not_found")
 }

@@ -19,10 +19,9 @@ const (
 	maxRequestIDLen = 128
 )
 
-// Namespace normalises a namespace the way lockd clients do (lower case,
-// "default" when empty) and rejects reserved or malformed ones.
+// Namespace normalises a namespace the way lockd clients do (A-Z lower
+// case, "default" when empty) and rejects reserved or malformed ones.
 func Namespace(ns string) (string, error) {
-	ns = strings.ToLower(strings.TrimSpace(ns))
 	if ns == "" {
 		return wire.DefaultNamespace, nil
 	}
@@ -32,12 +31,13 @@ func Namespace(ns string) (string, error) {
 	if len(ns) > maxNamespaceLen {
 		return "", errcode.InvalidNamespace.With("namespace longer than %d bytes", maxNamespaceLen)
 	}
-	for _, r := range ns {
-		if !(r >= 'a' && r <= 'z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
-			return "", errcode.InvalidNamespace.With("namespace may only hold a-z, 0-9, '.', '_' and '-'")
+	for i := 0; i < len(ns); i++ {
+		if c := ns[i]; !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return "", errcode.InvalidNamespace.With("namespace may only hold a-z (A-Z is lower-cased), 0-9, '.', '_' and '-'")
 		}
 	}
-	return ns, nil
+	// ASCII only: ToLower changes A-Z and nothing else.
+	return strings.ToLower(ns), nil
 }
 
 // printable reports whether s is valid UTF-8 without control characters.
