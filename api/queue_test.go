@@ -357,7 +357,19 @@ func TestQueueErrors(t *testing.T) {
 	raw, _ := json.Marshal(ackBody(m))
 	wantErr(t, e.post("/v1/queue/nack", nil, strings.TrimSuffix(string(raw), "}")+",\"last_error\":\"\xff\"}"),
 		http.StatusBadRequest, "invalid_body")
-	wantErr(t, e.post("/v1/queue/extend", nil, body(func(b map[string]any) { b["extend_by_seconds"] = -3 })), http.StatusBadRequest, "invalid_params")
+	// Seconds out of range are refused naming the field (within range, a
+	// value above the server's maximum is capped).
+	for _, by := range []int64{-3, 4e9} {
+		env := wantErr(t, e.post("/v1/queue/extend", nil, body(func(b map[string]any) { b["extend_by_seconds"] = by })),
+			http.StatusBadRequest, "invalid_params")
+		if d, _ := env["detail"].(string); !strings.HasPrefix(d, "extend_by_seconds ") {
+			t.Fatalf("extend_by_seconds %d: detail %q", by, d)
+		}
+	}
+	env := wantErr(t, e.dequeueRaw(`{"queue":"q","owner":"o","wait_seconds":4000000000}`), http.StatusBadRequest, "invalid_params")
+	if d, _ := env["detail"].(string); !strings.HasPrefix(d, "wait_seconds ") {
+		t.Fatalf("wait_seconds: detail %q", d)
+	}
 	wantErr(t, e.post("/v1/queue/stats", nil, `{"queue":""}`), http.StatusBadRequest, "invalid_queue")
 	wantErr(t, e.post("/v1/queue/stats?stale=perhaps", nil, `{"queue":"q"}`), http.StatusBadRequest, "invalid_params")
 	wantErr(t, e.post("/v1/queue/stats", nil, `{"queue":"q","namespace":".txns"}`), http.StatusBadRequest, "invalid_namespace")

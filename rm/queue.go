@@ -153,7 +153,7 @@ func (q *Queues) Enqueue(ctx context.Context, p EnqueueParams) (*fsm.MessageInfo
 	if err != nil {
 		return nil, err
 	}
-	vis, err := q.visibility(p.VisibilitySecs)
+	vis, err := q.visibility("visibility_timeout_seconds", p.VisibilitySecs)
 	if err != nil {
 		return nil, err
 	}
@@ -221,8 +221,10 @@ func (q *Queues) readPayload(r io.Reader) ([]byte, error) {
 	return raw, nil
 }
 
-func (q *Queues) visibility(secs int64) (time.Duration, error) {
-	d, err := seconds("visibility_timeout_seconds", secs)
+// visibility resolves the lease duration a request gives in field name: 0
+// is the default, more than the maximum the maximum.
+func (q *Queues) visibility(name string, secs int64) (time.Duration, error) {
+	d, err := seconds(name, secs)
 	switch {
 	case err != nil:
 		return 0, err
@@ -267,7 +269,7 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 	}
 	var vis time.Duration
 	if p.VisibilitySecs != 0 {
-		if vis, err = q.visibility(p.VisibilitySecs); err != nil {
+		if vis, err = q.visibility("visibility_timeout_seconds", p.VisibilitySecs); err != nil {
 			return nil, err
 		}
 	}
@@ -438,7 +440,7 @@ func (q *Queues) Extend(ctx context.Context, ref MessageRef, bySeconds int64) (*
 	}
 	var by time.Duration
 	if bySeconds != 0 {
-		if by, err = q.visibility(bySeconds); err != nil {
+		if by, err = q.visibility("extend_by_seconds", bySeconds); err != nil {
 			return nil, err
 		}
 	}
