@@ -402,6 +402,12 @@ func TestTransactionExpiryIsBounded(t *testing.T) {
 	if st.State != wire.TxnStatePending || st.ExpiresAtUnix != now+10*60 {
 		t.Fatalf("status %+v", st)
 	}
+	// A rollback resent with an expiry that has passed is a decision all
+	// the same: the expiry only bounds a prepare.
+	rollback := fmt.Sprintf(`{"txn_id":%q,"state":"rollback","expires_at_unix":%d}`, txn, now-60)
+	if r := e.post("/v1/txn/decide", nil, rollback); r.status != http.StatusOK {
+		t.Fatalf("rollback with a past expiry: %d %s", r.status, r.body)
+	}
 }
 
 // X-Raftlockd-Timeout gives the request a deadline; a malformed one is a 400.

@@ -151,8 +151,13 @@ func (h *handler) txnDecide(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	exp, err := expiresAt(req.ExpiresAtUnix, time.Now(), h.MaxTTL)
-	if err != nil {
+	switch {
+	case err != nil && req.State == wire.TxnStatePending:
 		return err
+	case err != nil:
+		// A commit or rollback resent with its prepare's old expiry is
+		// answered as a decision; the expiry only bounds what it prepares.
+		exp = time.Time{}
 	}
 	info, err := h.Coordinator.Decide(r.Context(), tc.Decision{TxnID: req.TxnID, State: req.State,
 		Participants: participantsIn(req.Participants), ExpiresAt: exp, Owner: req.Owner})
