@@ -14,6 +14,8 @@ import (
 	"fmt"
 	"math/big"
 	"strings"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/raftlockd/raftlockd/auth"
 	"github.com/raftlockd/raftlockd/errcode"
@@ -72,14 +74,26 @@ func NormalizeSerial(s string) (string, error) {
 	return n.Text(16), nil
 }
 
+// label checks a free-text field that lists print: at most 256 bytes of
+// UTF-8 without control characters.
+func label(field, s string) error {
+	if len(s) > 256 {
+		return errcode.InvalidParams.With("%s longer than 256 bytes", field)
+	}
+	if !utf8.ValidString(s) || strings.IndexFunc(s, unicode.IsControl) >= 0 {
+		return errcode.InvalidParams.With("%s must be UTF-8 without control characters", field)
+	}
+	return nil
+}
+
 // Revoke puts a certificate serial on the denylist.
 func (l *Lists) Revoke(ctx context.Context, serial, reason string) (*fsm.AuthInfo, error) {
 	serial, err := NormalizeSerial(serial)
 	if err != nil {
 		return nil, err
 	}
-	if len(reason) > 256 {
-		return nil, errcode.InvalidParams.With("reason longer than 256 bytes")
+	if err := label("reason", reason); err != nil {
+		return nil, err
 	}
 	return l.propose(ctx, &fsm.Command{Op: fsm.OpRevoke, Revoke: &fsm.RevokeCmd{Serial: serial, Reason: reason}})
 }
@@ -125,8 +139,8 @@ func (l *Lists) Trust(ctx context.Context, name string, pemData []byte) (*fsm.Au
 	if name == "" {
 		name = ca.Subject.CommonName
 	}
-	if len(name) > 256 {
-		return nil, errcode.InvalidParams.With("name longer than 256 bytes")
+	if err := label("name", name); err != nil {
+		return nil, err
 	}
 	return l.propose(ctx, &fsm.Command{Op: fsm.OpTrust, Trust: &fsm.TrustCmd{
 		Fingerprint: auth.Fingerprint(ca), Name: name, Cert: ca.Raw}})

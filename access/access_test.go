@@ -153,14 +153,19 @@ func TestListsThroughTheStateMachine(t *testing.T) {
 	if _, err := l.Revoke(ctx, "not hex", ""); !errors.Is(err, errcode.InvalidParams) {
 		t.Fatalf("bad serial: %v", err)
 	}
-	if _, err := l.Revoke(ctx, "ab", strings.Repeat("r", 257)); !errors.Is(err, errcode.InvalidParams) {
-		t.Fatalf("long reason: %v", err)
+	for _, reason := range []string{strings.Repeat("r", 257), "a\x00b", "\xff", "line\nbreak"} {
+		if _, err := l.Revoke(ctx, "ab", reason); !errors.Is(err, errcode.InvalidParams) {
+			t.Fatalf("reason %q: %v", reason, err)
+		}
 	}
 
 	caPEM, _ := foreign.Encode()
 	info, err = l.Trust(ctx, "", caPEM)
 	if err != nil || !info.Changed || info.Trust.Name != "island b" || info.Trust.Fingerprint != auth.Fingerprint(foreign.Cert) {
 		t.Fatalf("trust: %+v %v", info, err)
+	}
+	if _, err := l.Trust(ctx, "a\x00", caPEM); !errors.Is(err, errcode.InvalidParams) {
+		t.Fatalf("trust with a control character in its name: %v", err)
 	}
 	if _, err := l.Trust(ctx, "x", []byte("junk")); !errors.Is(err, errcode.InvalidCertificate) {
 		t.Fatalf("trust junk: %v", err)
