@@ -228,8 +228,8 @@ func (s *Server) Validate() error {
 		errs = append(errs, errors.New("tc-decision-retention must not be negative"))
 	}
 	if s.TCFanoutTimeout <= 0 || s.TCFanoutAttempts < 1 || s.TCFanoutBaseDelay <= 0 || s.TCFanoutMaxDelay < s.TCFanoutBaseDelay ||
-		s.TCFanoutMultiplier < 1 || s.TCPendingTTL <= 0 || s.TCPendingTTL > s.MaxTTL {
-		errs = append(errs, errors.New("need tc-fanout-timeout > 0, tc-fanout-attempts >= 1, 0 < tc-fanout-base-delay <= tc-fanout-max-delay, tc-fanout-multiplier >= 1 and 0 < tc-pending-ttl <= max-ttl"))
+		!(s.TCFanoutMultiplier >= 1 && s.TCFanoutMultiplier <= 100) || s.TCPendingTTL <= 0 || s.TCPendingTTL > s.MaxTTL {
+		errs = append(errs, errors.New("need tc-fanout-timeout > 0, tc-fanout-attempts >= 1, 0 < tc-fanout-base-delay <= tc-fanout-max-delay, 1 <= tc-fanout-multiplier <= 100 and 0 < tc-pending-ttl <= max-ttl"))
 	}
 	for _, p := range s.TCPeers {
 		if u, err := url.Parse(p); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

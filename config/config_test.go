@@ -19,3 +19,14 @@ func TestPendingTTLWithinMaxTTL(t *testing.T) {
 		t.Fatalf("tc-pending-ttl above max-ttl: %v", err)
 	}
 }
+
+// The fan-out backoff multiplier is bounded: a huge one is refused.
+func TestFanoutMultiplierIsBounded(t *testing.T) {
+	for _, m := range []float64{0.5, 101, 1e12} {
+		s := Default()
+		s.TCFanoutMultiplier = m
+		if err := s.Validate(); err == nil || !strings.Contains(err.Error(), "tc-fanout-multiplier <= 100") {
+			t.Fatalf("multiplier %g: %v", m, err)
+		}
+	}
+}

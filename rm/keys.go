@@ -155,6 +155,13 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 	defer unregister()
 	res, err := k.store.Propose(ctx, &fsm.Command{Op: fsm.OpAcquire, Acquire: cmd})
 	if err != nil {
+		// The acquire may have been applied all the same (a forward cut
+		// short): a queued request nobody waits for must leave the queue.
+		if wait > 0 {
+			if res, cerr := k.withdraw(ctx, ns, key, req, attempt); cerr == nil && res.Lease != nil {
+				return res.Lease, nil
+			}
+		}
 		return nil, err
 	}
 	if res.Lease != nil {
@@ -172,10 +179,7 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 	case <-ctx.Done():
 	}
 	// Stop waiting: leave the queue, unless the lease arrived meanwhile.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	res, err = k.store.Propose(cctx, &fsm.Command{Op: fsm.OpCancelWait,
-		CancelWait: &fsm.CancelWaitCmd{Namespace: ns, Key: key, RequestID: req, Attempt: attempt}})
+	res, err = k.withdraw(ctx, ns, key, req, attempt)
 	if err != nil {
 		return nil, err
 	}
@@ -193,6 +197,15 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 	}
 	e.RetryAfter = max(1, res.RetryAfter)
 	return nil, e
+}
+
+// withdraw takes the acquire attempt out of the key's queue, whatever
+// became of ctx; the answer holds the lease when it was granted first.
+func (k *Keys) withdraw(ctx context.Context, ns, key, req, attempt string) (*fsm.Result, error) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	return k.store.Propose(cctx, &fsm.Command{Op: fsm.OpCancelWait,
+		CancelWait: &fsm.CancelWaitCmd{Namespace: ns, Key: key, RequestID: req, Attempt: attempt}})
 }
 
 // ttl resolves a requested TTL as lockd does: zero or negative is the

@@ -297,6 +297,13 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 	defer unregister()
 	res, err := q.store.Propose(ctx, &fsm.Command{Op: fsm.OpDequeue, Dequeue: cmd})
 	if err != nil {
+		// The dequeue may have been applied all the same (a forward cut
+		// short): a waiting consumer nobody stands behind must leave.
+		if wait > 0 {
+			if res, cerr := q.withdraw(ctx, ns, queue, req); cerr == nil && res.Queue != nil && res.Queue.Message != nil {
+				return q.fetch(ctx, res.Queue.Message)
+			}
+		}
 		return nil, err
 	}
 	if m := res.Queue.Message; m != nil {
@@ -314,10 +321,7 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 	case <-ctx.Done():
 	}
 	// Stop waiting, unless a message arrived meanwhile.
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	res, err = q.store.Propose(cctx, &fsm.Command{Op: fsm.OpQCancel,
-		QCancel: &fsm.QueueCancelCmd{Namespace: ns, Queue: queue, RequestID: req}})
+	res, err = q.withdraw(ctx, ns, queue, req)
 	if err != nil {
 		return nil, err
 	}
@@ -336,6 +340,16 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 		return nil, fmt.Errorf("rm: dequeue %s/%s: %w", ns, queue, ctx.Err())
 	}
 	return nil, errcode.QueueEmpty.With("no message became ready in %s within %s", queue, wait)
+}
+
+// withdraw takes the waiting dequeue req out of the queue's consumers,
+// whatever became of ctx; the answer holds the delivery when a message was
+// handed to it first.
+func (q *Queues) withdraw(ctx context.Context, ns, queue, req string) (*fsm.Result, error) {
+	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	return q.store.Propose(cctx, &fsm.Command{Op: fsm.OpQCancel,
+		QCancel: &fsm.QueueCancelCmd{Namespace: ns, Queue: queue, RequestID: req}})
 }
 
 // fetch turns a delivery into what the consumer gets: the state machine

@@ -278,7 +278,9 @@ type backoff struct {
 
 func (b *backoff) next() time.Duration {
 	d := time.Duration(rand.Int64N(int64(b.bound) + 1))
-	b.bound = min(time.Duration(float64(b.bound)*b.multiplier), b.max)
+	// In floating point, so that a large multiplier reaches the cap
+	// rather than overflowing the duration.
+	b.bound = time.Duration(min(float64(b.bound)*b.multiplier, float64(b.max)))
 	return d
 }
 

@@ -32,6 +32,13 @@ func TestBackoffGrowsToItsCapWithFullJitter(t *testing.T) {
 	if low == 0 || low == 200 {
 		t.Fatalf("%d of 200 waits were below half the bound", low)
 	}
+	// A multiplier whose product overflows a duration reaches the cap.
+	huge := backoff{bound: 2 * time.Second, max: 2 * time.Second, multiplier: 1e12}
+	for range 3 {
+		if d := huge.next(); d < 0 || d > 2*time.Second {
+			t.Fatalf("wait %s with a huge multiplier", d)
+		}
+	}
 }
 
 // readStore serves reads from a real state machine; the coordinator under

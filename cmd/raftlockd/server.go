@@ -116,7 +116,7 @@ restart. --disable-mtls serves plain HTTP to anyone (development only).`,
 	f.IntVar(&cfg.TCFanoutAttempts, "tc-fanout-attempts", cfg.TCFanoutAttempts, "attempts per island before a decision answers txn_fanout_failed (the leader keeps replaying it)")
 	f.DurationVar(&cfg.TCFanoutBaseDelay, "tc-fanout-base-delay", cfg.TCFanoutBaseDelay, "first delay between attempts (exponential, with jitter)")
 	f.DurationVar(&cfg.TCFanoutMaxDelay, "tc-fanout-max-delay", cfg.TCFanoutMaxDelay, "longest delay between attempts")
-	f.Float64Var(&cfg.TCFanoutMultiplier, "tc-fanout-multiplier", cfg.TCFanoutMultiplier, "growth factor of the delay between attempts")
+	f.Float64Var(&cfg.TCFanoutMultiplier, "tc-fanout-multiplier", cfg.TCFanoutMultiplier, "growth factor of the delay between attempts (1-100)")
 	f.DurationVar(&cfg.TCPendingTTL, "tc-pending-ttl", cfg.TCPendingTTL, "how long a pending decision lasts when the request names no expiry, and a transaction holding only staged enqueues after its last one; then it is rolled back")
 	f.DurationVar(&cfg.LeaderWait, "leader-wait", cfg.LeaderWait, "how long a request waits for a leader before answering 503")
 	f.DurationVar(&cfg.HeartbeatTimeout, "raft-heartbeat-timeout", cfg.HeartbeatTimeout, "Raft heartbeat timeout")

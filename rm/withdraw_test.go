@@ -1,0 +1,82 @@
+package rm
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/raftlockd/raftlockd/fsm"
+)
+
+// lostAnswerStore applies the next command of op and then fails it, as a
+// follower's forward does when the caller's context ends mid-flight.
+type lostAnswerStore struct {
+	*fsmStore
+	lose fsm.Op
+}
+
+func (s *lostAnswerStore) Propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, error) {
+	op := cmd.Op
+	res, err := s.fsmStore.Propose(ctx, cmd)
+	if op == s.lose {
+		s.lose = ""
+		return nil, errors.New("forward to the leader: context canceled")
+	}
+	return res, err
+}
+
+type storeClock struct{ s *fsmStore }
+
+func (c storeClock) Now() time.Time { return time.UnixMilli(c.s.now) }
+
+// A blocked acquire whose proposal fails after it was applied leaves the
+// key's queue: the next release does not hand the key to nobody.
+func TestFailedBlockedAcquireLeavesTheQueue(t *testing.T) {
+	base := newFSMStore(t)
+	st := &lostAnswerStore{fsmStore: base}
+	k := NewKeys(st, NewWaits(), storeClock{base}, Limits{DefaultTTL: 30 * time.Second, MaxTTL: time.Hour,
+		MaxBlock: time.Minute, MaxStateBytes: 1 << 20}, "n1")
+	ctx := context.Background()
+	a, err := k.Acquire(ctx, AcquireParams{Key: "k", Owner: "a", BlockSecs: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st.lose = fsm.OpAcquire
+	if _, err := k.Acquire(ctx, AcquireParams{Key: "k", Owner: "b", BlockSecs: 30}); err == nil {
+		t.Fatal("the lost acquire succeeded")
+	}
+	var rec fsm.KeyRecord
+	_ = base.f.View(func(v *fsm.View) error { rec, _ = v.Key("default", "k"); return nil })
+	if rec.Waiters != 0 {
+		t.Fatalf("the failed acquire is still queued: %+v", rec)
+	}
+	if _, err := st.Propose(ctx, &fsm.Command{Op: fsm.OpRelease, Release: &fsm.ReleaseCmd{Namespace: "default", Key: "k",
+		LeaseID: a.LeaseID, TxnID: a.TxnID}}); err != nil {
+		t.Fatal(err)
+	}
+	_ = base.f.View(func(v *fsm.View) error { rec, _ = v.Key("default", "k"); return nil })
+	if rec.Lease != nil {
+		t.Fatalf("the key went to the abandoned request of %s", rec.Lease.Owner)
+	}
+}
+
+// A waiting dequeue whose proposal fails after it was applied leaves the
+// queue's consumers: the next message stays ready.
+func TestFailedWaitingDequeueLeavesTheQueue(t *testing.T) {
+	base := newFSMStore(t)
+	st := &lostAnswerStore{fsmStore: base, lose: fsm.OpDequeue}
+	q := NewQueues(st, NewWaits(), storeClock{base}, QueueLimits{MaxWait: time.Minute}, "n1", nil)
+	ctx := context.Background()
+	if _, err := q.Dequeue(ctx, DequeueParams{Queue: "q", Owner: "c", WaitSeconds: 30}); err == nil {
+		t.Fatal("the lost dequeue succeeded")
+	}
+	if _, err := q.Enqueue(ctx, EnqueueParams{Queue: "q"}); err != nil {
+		t.Fatal(err)
+	}
+	var s fsm.QueueStats
+	_ = base.f.View(func(v *fsm.View) error { s = v.QueueStats("default", "q"); return nil })
+	if s.Ready != 1 || s.InFlight != 0 || s.Waiting != 0 {
+		t.Fatalf("the message went to the abandoned dequeue: %+v", s)
+	}
+}
