@@ -379,7 +379,7 @@ func TestTransactionExpiryIsBounded(t *testing.T) {
 	}{
 		{"negative", -1},
 		{"past", now - 60},
-		{"beyond max-ttl", now + 11*60},
+		{"beyond max-ttl and the islands' clock skew", now + 12*60},
 		{"year 292 million", 9223372036854775},
 		{"overflowing milliseconds", math.MaxInt64},
 	}
@@ -401,6 +401,13 @@ func TestTransactionExpiryIsBounded(t *testing.T) {
 	e.do(http.MethodGet, "/v1/txn/status?txn_id="+txn, nil, "").json(t, &st)
 	if st.State != wire.TxnStatePending || st.ExpiresAtUnix != now+10*60 {
 		t.Fatalf("status %+v", st)
+	}
+	// Another island's prepare may run up to a minute ahead of this clock;
+	// a decide here may not.
+	skewed := xid.New().String()
+	wantErr(t, e.post("/v1/txn/decide", nil, decision(skewed, now+10*60+30)), http.StatusBadRequest, "invalid_ttl")
+	if r := e.post("/v1/txn/prepare", nil, decision(skewed, now+10*60+30)); r.status != http.StatusOK {
+		t.Fatalf("prepare within the skew allowance: %d %s", r.status, r.body)
 	}
 	// A rollback resent with an expiry that has passed is a decision all
 	// the same: the expiry only bounds a prepare.

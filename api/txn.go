@@ -131,6 +131,10 @@ func participantsOut(ps []fsm.Participant, self string) []wire.TxnParticipant {
 	return out
 }
 
+// islandClockSkew is how far another island's clock may run ahead of this
+// one's before the expiry of its prepare is refused as beyond --max-ttl.
+const islandClockSkew = time.Minute
+
 // expiresAt reads a transaction's expires_at_unix: 0 (the default) or a
 // time after now and at most maxTTL from it (in whole seconds, rounded up).
 // The bound keeps a pending transaction from holding its keys longer than a
@@ -208,9 +212,14 @@ func (h *handler) txnRM(state string) func(http.ResponseWriter, *http.Request) e
 		if req.State != "" && req.State != state {
 			return errcode.InvalidParams.With("state %q does not match %s", req.State, r.URL.Path)
 		}
-		exp, err := expiresAt(req.ExpiresAtUnix, time.Now(), h.MaxTTL)
-		if err != nil {
+		// Another island's coordinator computed the expiry by its own
+		// clock: the bound allows for some skew between the islands.
+		exp, err := expiresAt(req.ExpiresAtUnix, time.Now(), h.MaxTTL+islandClockSkew)
+		switch {
+		case err != nil && state == fsm.TxnPending:
 			return err
+		case err != nil:
+			exp = time.Time{} // a decision is applied whatever expiry it carries
 		}
 		c := rm.Coordinated{TxnID: req.TxnID, State: state, Home: req.TCBackendHash, Term: req.TCTerm,
 			Target: req.TargetBackendHash, ExpiresAt: exp, Owner: req.Owner, Participants: participantsIn(req.Participants)}
