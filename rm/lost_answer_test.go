@@ -6,6 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/xid"
+
 	"github.com/raftlockd/raftlockd/fsm"
 )
 
@@ -78,5 +80,30 @@ func TestFailedWaitingDequeueLeavesTheQueue(t *testing.T) {
 	_ = base.f.View(func(v *fsm.View) error { s = v.QueueStats("default", "q"); return nil })
 	if s.Ready != 1 || s.InFlight != 0 || s.Waiting != 0 {
 		t.Fatalf("the message went to the abandoned dequeue: %+v", s)
+	}
+}
+
+// A rollback that reaches this island before the coordinator's prepare is
+// recorded, so the late prepare answers with it instead of locking keys
+// for a transaction the coordinator already counted as done here.
+func TestRollbackBeforeItsPrepareIsKept(t *testing.T) {
+	s := newFSMStore(t)
+	e := NewEnlisted(s, s, storeClock{s})
+	ctx := context.Background()
+	txn := xid.New().String()
+	ps := []fsm.Participant{{Namespace: "default", Key: "k"}}
+	info, err := e.Apply(ctx, Coordinated{TxnID: txn, State: fsm.TxnRollback, Home: "island-h", Term: 1, Participants: ps})
+	if err != nil || info.State != fsm.TxnRollback {
+		t.Fatalf("rollback: %+v %v", info, err)
+	}
+	info, err = e.Prepare(ctx, Coordinated{TxnID: txn, Home: "island-h", Term: 1,
+		ExpiresAt: time.UnixMilli(s.now).Add(time.Hour), Participants: ps})
+	if err != nil || info.State != fsm.TxnRollback {
+		t.Fatalf("late prepare: %+v %v, want the rollback", info, err)
+	}
+	k := NewKeys(s, NewWaits(), storeClock{s}, Limits{DefaultTTL: 30 * time.Second, MaxTTL: time.Hour, MaxBlock: time.Minute,
+		MaxStateBytes: 1 << 20}, "n1")
+	if _, err := k.Acquire(ctx, AcquireParams{Key: "k", Owner: "x", BlockSecs: -1}); err != nil {
+		t.Fatalf("the key is locked by the late prepare: %v", err)
 	}
 }

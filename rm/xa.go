@@ -230,9 +230,11 @@ func (e *Enlisted) Apply(ctx context.Context, c Coordinated) (*fsm.TxnInfo, erro
 		t := v.Txn(c.TxnID)
 		switch {
 		case t == nil:
-			// The transaction holds nothing here (it never prepared,
-			// or its record outlived its retention): nothing to do.
-			done = &fsm.TxnInfo{TxnID: c.TxnID, State: c.State, Home: c.Home, TCTerm: c.Term}
+			// Nothing is held here yet, but the decision is recorded all
+			// the same: a prepare that arrives after it (one the
+			// coordinator gave up on, still in flight) then answers with
+			// the decision instead of locking for a transaction whose
+			// coordinator already counted this island as done.
 		case t.State == fsm.TxnPending:
 		case t.State != c.State:
 			return decided(t)

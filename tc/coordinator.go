@@ -213,6 +213,7 @@ type Decision struct {
 	Participants []fsm.Participant // an empty Backend means this island
 	ExpiresAt    time.Time         // pending: presumed aborted after this; zero: PendingTTL from now
 	Owner        string            // holds the keys a prepare locks; its own keys are no conflict
+	settled      []string          // islands that refused the prepare for good and hold nothing
 }
 
 func (c *Coordinator) check(d Decision) (Decision, error) {
@@ -428,6 +429,10 @@ func (c *Coordinator) commit(ctx context.Context, d Decision, rec *fsm.TxnRecord
 // answer leaves it pending for a retry (or its expiry).
 func (c *Coordinator) prepareFailed(ctx context.Context, d Decision, err error) (*fsm.TxnInfo, error) {
 	e := envelope(err)
+	var r *refusal
+	if errors.As(err, &r) {
+		d.settled = r.settled
+	}
 	switch {
 	case e != nil && e.Code == errcode.TxnLockConflict.Code:
 		return c.abort(ctx, d, fsm.ReasonLockConflict, e.Detail)
@@ -454,7 +459,7 @@ func (c *Coordinator) finish(ctx context.Context, d Decision, reason, detail str
 	if err != nil {
 		return nil, err
 	}
-	if err := c.fanout(ctx, info); err != nil {
+	if err := c.fanout(ctx, info, d.settled...); err != nil {
 		return info, err
 	}
 	if info.State != d.State && d.State != fsm.TxnRollback {

@@ -91,15 +91,22 @@ func (c *Coordinator) prepareRemotes(ctx context.Context, d Decision, prepared [
 	if len(errs) == 0 {
 		return nil
 	}
-	for _, b := range sortedKeys(errs) {
-		if e := envelope(errs[b]); e != nil && e.Code == errcode.TxnLockConflict.Code {
-			return e
+	// An island that answered a conflict or its own rollback holds
+	// nothing for the transaction: the rollback need not be sent there.
+	var settled []string
+	var first *errcode.Error
+	for _, code := range []string{errcode.TxnLockConflict.Code, errcode.TxnRolledBack.Code} {
+		for _, b := range sortedKeys(errs) {
+			if e := envelope(errs[b]); e != nil && e.Code == code {
+				settled = append(settled, b)
+				if first == nil {
+					first = e
+				}
+			}
 		}
 	}
-	for _, b := range sortedKeys(errs) {
-		if e := envelope(errs[b]); e != nil && e.Code == errcode.TxnRolledBack.Code {
-			return e
-		}
+	if first != nil {
+		return &refusal{err: first, settled: settled}
 	}
 	// An island that refused (its lease of the transaction expired, a
 	// participant it cannot hold) votes no: the transaction cannot commit.
@@ -113,23 +120,38 @@ func (c *Coordinator) prepareRemotes(ctx context.Context, d Decision, prepared [
 	return e
 }
 
+// refusal is a prepare refused for good, with the islands that hold
+// nothing for the transaction because of it.
+type refusal struct {
+	err     error
+	settled []string
+}
+
+func (r *refusal) Error() string { return r.err.Error() }
+func (r *refusal) Unwrap() error { return r.err }
+
 // fanout sends a final decision to every island that has not applied it
-// and records which did. It answers txn_fanout_failed when an island is
+// and records which did; the settled islands hold nothing for it and are
+// recorded without being sent anything. It answers txn_fanout_failed when an island is
 // still missing after the retries; the decision stays recorded and the
 // leader's resolver keeps replaying it.
-func (c *Coordinator) fanout(ctx context.Context, info *fsm.TxnInfo) error {
+func (c *Coordinator) fanout(ctx context.Context, info *fsm.TxnInfo, settled ...string) error {
 	if info.State == fsm.TxnPending || info.Home != "" {
 		return nil
 	}
 	self := c.island.BackendHash()
 	groups := byIsland(info.Participants, self)
-	var todo []string
+	var todo, acked []string
 	for _, b := range sortedKeys(groups) {
-		if !slices.Contains(info.Acked, b) {
+		switch {
+		case slices.Contains(info.Acked, b):
+		case slices.Contains(settled, b) && info.State == fsm.TxnRollback:
+			acked = append(acked, b)
+		default:
 			todo = append(todo, b)
 		}
 	}
-	if len(todo) == 0 {
+	if len(todo)+len(acked) == 0 {
 		return nil
 	}
 	term := c.island.Term()
@@ -141,7 +163,6 @@ func (c *Coordinator) fanout(ctx context.Context, info *fsm.TxnInfo) error {
 			return err
 		})
 	})
-	var acked []string
 	for _, b := range todo {
 		if e := envelope(errs[b]); e != nil && (e.Code == errcode.TxnCommitted.Code || e.Code == errcode.TxnRolledBack.Code) {
 			// The island decided the transaction itself, before it was

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -609,6 +610,11 @@ func TestLockConflictFailsFastAndForGood(t *testing.T) {
 	}
 	if r := a.record(txn); r.State != fsm.TxnRollback || r.Reason != fsm.ReasonLockConflict {
 		t.Fatalf("the coordinator must record the rollback: %+v", r)
+	}
+	// b holds nothing for the transaction: it counts as done without being
+	// sent the rollback, so no replay ever runs a Raft round there.
+	if r := a.record(txn); !slices.Contains(r.Acked, b.hash()) || len(r.Unacked()) != 0 {
+		t.Fatalf("the conflicting island must count as done: %+v", r)
 	}
 	// The failure is final and answered from the record: b is not asked.
 	prepares := requests(t, b, "/v1/txn/prepare")
