@@ -123,7 +123,6 @@ type Node struct {
 	raft      *raft.Raft
 	fsm       *fsm.FSM
 	store     *raftboltdb.BoltStore
-	stable    *closingStable // n.store as raft saves its term and vote
 	transport *raft.NetworkTransport
 	mux       *mux
 	peers     *peers
@@ -287,8 +286,7 @@ func Open(cfg Config) (n *Node, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
-	n.stable = &closingStable{StableStore: n.store}
-	n.raft, err = raft.NewRaft(rc, &instrumentedFSM{FSM: n.fsm, m: n.metrics}, logs, n.stable, snaps, n.transport)
+	n.raft, err = raft.NewRaft(rc, &instrumentedFSM{FSM: n.fsm, m: n.metrics}, logs, n.store, snaps, n.transport)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
 	}
@@ -453,7 +451,6 @@ func (n *Node) Close() error {
 		n.stopSpawning()
 		n.wg.Wait()
 		n.peers.close()
-		n.stable.shutDown()
 		for _, c := range []io.Closer{n.transport, closerFunc(func() error { n.mux.close(); return nil }), n.store, n.fsm} {
 			if cerr := c.Close(); cerr != nil && err == nil {
 				err = cerr
