@@ -17,7 +17,6 @@ import (
 	"io"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/rs/xid"
 
@@ -156,10 +155,9 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 	defer unregister()
 	res, err := k.store.Propose(ctx, &fsm.Command{Op: fsm.OpAcquire, Acquire: cmd})
 	if err != nil {
-		// Without a result the acquire may have been applied all the same
-		// (a forward cut short): a queued request nobody waits for must
-		// leave the queue. A refusal of the state machine queued nothing.
-		if res == nil && wait > 0 {
+		// The acquire may have been applied all the same (a forward cut
+		// short): a queued request nobody waits for must leave the queue.
+		if wait > 0 {
 			if res, cerr := k.withdraw(ctx, ns, key, req, attempt); cerr == nil && res.Lease != nil {
 				return res.Lease, nil
 			}
@@ -362,7 +360,7 @@ func ReadDocument(b Body, limit int64) ([]byte, string, error) {
 	if err := json.Compact(&out, raw); err != nil {
 		return nil, "", errcode.InvalidBody.With("state is not valid JSON: %v", err)
 	}
-	if !utf8.Valid(raw) { // Compact checked the rest
+	if !validJSON(raw) {
 		return nil, "", errcode.InvalidBody.With("state is not valid JSON: invalid UTF-8")
 	}
 	sum := sha256.Sum256(out.Bytes())
