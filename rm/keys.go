@@ -17,6 +17,7 @@ import (
 	"io"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/rs/xid"
 
@@ -155,9 +156,10 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 	defer unregister()
 	res, err := k.store.Propose(ctx, &fsm.Command{Op: fsm.OpAcquire, Acquire: cmd})
 	if err != nil {
-		// The acquire may have been applied all the same (a forward cut
-		// short): a queued request nobody waits for must leave the queue.
-		if wait > 0 {
+		// Without a result the acquire may have been applied all the same
+		// (a forward cut short): a queued request nobody waits for must
+		// leave the queue. A refusal of the state machine queued nothing.
+		if res == nil && wait > 0 {
 			if res, cerr := k.withdraw(ctx, ns, key, req, attempt); cerr == nil && res.Lease != nil {
 				return res.Lease, nil
 			}
@@ -360,7 +362,7 @@ func ReadDocument(b Body, limit int64) ([]byte, string, error) {
 	if err := json.Compact(&out, raw); err != nil {
 		return nil, "", errcode.InvalidBody.With("state is not valid JSON: %v", err)
 	}
-	if !validJSON(raw) {
+	if !utf8.Valid(raw) { // Compact checked the rest
 		return nil, "", errcode.InvalidBody.With("state is not valid JSON: invalid UTF-8")
 	}
 	sum := sha256.Sum256(out.Bytes())

@@ -15,11 +15,16 @@ import (
 // follower's forward does when the caller's context ends mid-flight.
 type lostAnswerStore struct {
 	*fsmStore
-	lose fsm.Op
+	lose     fsm.Op
+	proposed map[fsm.Op]int
 }
 
 func (s *lostAnswerStore) Propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, error) {
 	op := cmd.Op
+	if s.proposed == nil {
+		s.proposed = map[fsm.Op]int{}
+	}
+	s.proposed[op]++
 	res, err := s.fsmStore.Propose(ctx, cmd)
 	if op == s.lose {
 		s.lose = ""
@@ -60,6 +65,20 @@ func TestFailedBlockedAcquireLeavesTheQueue(t *testing.T) {
 	_ = base.f.View(func(v *fsm.View) error { rec, _ = v.Key("default", "k"); return nil })
 	if rec.Lease != nil {
 		t.Fatalf("the key went to the abandoned request of %s", rec.Lease.Owner)
+	}
+	// A refusal of the state machine queued nothing: no withdrawal is sent.
+	cancels := st.proposed[fsm.OpCancelWait]
+	mustLease := func(_ *fsm.LeaseInfo, err error) {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	mustLease(k.Acquire(ctx, AcquireParams{Key: "k", Owner: "c", BlockSecs: -1}))
+	if _, err := k.Acquire(ctx, AcquireParams{Key: "k", Owner: "d", BlockSecs: 30, IfNotExists: true}); err == nil {
+		t.Fatal("if_not_exists on a held key succeeded")
+	}
+	if st.proposed[fsm.OpCancelWait] != cancels {
+		t.Fatalf("a refused acquire was withdrawn: %d cancels, want %d", st.proposed[fsm.OpCancelWait], cancels)
 	}
 }
 

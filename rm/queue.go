@@ -297,9 +297,10 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 	defer unregister()
 	res, err := q.store.Propose(ctx, &fsm.Command{Op: fsm.OpDequeue, Dequeue: cmd})
 	if err != nil {
-		// The dequeue may have been applied all the same (a forward cut
-		// short): a waiting consumer nobody stands behind must leave.
-		if wait > 0 {
+		// Without a result the dequeue may have been applied all the same
+		// (a forward cut short): a waiting consumer nobody stands behind
+		// must leave. A refusal of the state machine queued nothing.
+		if res == nil && wait > 0 {
 			if res, cerr := q.withdraw(ctx, ns, queue, req); cerr == nil && res.Queue != nil && res.Queue.Message != nil {
 				return q.fetch(ctx, res.Queue.Message)
 			}

@@ -249,7 +249,13 @@ func (c *Coordinator) Decide(ctx context.Context, d Decision) (*fsm.TxnInfo, err
 	if err != nil {
 		return nil, err
 	}
-	rec, err := c.record(ctx, d.TxnID)
+	// One read gives the record and whether every island named is known.
+	var rec *fsm.TxnRecord
+	var unknown error
+	err = c.store.Read(ctx, func(v *fsm.View) error {
+		rec, unknown = txnRecord(v, d.TxnID), c.unknownIsland(v, d.Participants)
+		return nil
+	})
 	if err != nil {
 		return nil, err
 	}
@@ -261,8 +267,8 @@ func (c *Coordinator) Decide(ctx context.Context, d Decision) (*fsm.TxnInfo, err
 	if rec != nil && rec.State != fsm.TxnPending {
 		return c.answer(rec, d.State)
 	}
-	if err := c.knownIslands(ctx, d.Participants); err != nil {
-		return nil, err
+	if unknown != nil {
+		return nil, unknown
 	}
 	if rec != nil {
 		d.Participants = append(d.Participants, withBackend(rec.Participants, c.island.BackendHash())...)
@@ -276,20 +282,24 @@ func (c *Coordinator) Decide(ctx context.Context, d Decision) (*fsm.TxnInfo, err
 	return c.finish(ctx, d, fsm.ReasonTC, "")
 }
 
-// knownIslands refuses participants on an island that no RM is registered
+// unknownIsland refuses participants on an island that no RM is registered
 // for, before anything is recorded: such a participant could never be
 // prepared or told the decision.
-func (c *Coordinator) knownIslands(ctx context.Context, ps []fsm.Participant) error {
+func (c *Coordinator) unknownIsland(v *fsm.View, ps []fsm.Participant) error {
 	self := c.island.BackendHash()
-	return c.store.Read(ctx, func(v *fsm.View) error {
-		rms := v.RMs()
-		for _, p := range ps {
-			if _, ok := rms[p.Backend]; !ok && p.Backend != self {
-				return errcode.TxnBackendUnknown.With("no RM is registered for island %s (raftlockd tc rm register)", p.Backend)
-			}
+	var rms map[string]fsm.RMEntry
+	for _, p := range ps {
+		if p.Backend == self {
+			continue
 		}
-		return nil
-	})
+		if rms == nil {
+			rms = v.RMs()
+		}
+		if _, ok := rms[p.Backend]; !ok {
+			return errcode.TxnBackendUnknown.With("no RM is registered for island %s (raftlockd tc rm register)", p.Backend)
+		}
+	}
+	return nil
 }
 
 // answer reports a recorded final decision to a request for want.
@@ -337,13 +347,19 @@ func withBackend(ps []fsm.Participant, self string) []fsm.Participant {
 func (c *Coordinator) record(ctx context.Context, txn string) (*fsm.TxnRecord, error) {
 	var rec *fsm.TxnRecord
 	err := c.store.Read(ctx, func(v *fsm.View) error {
-		if t := v.Txn(txn); t != nil {
-			t.ID = txn
-			rec = t
-		}
+		rec = txnRecord(v, txn)
 		return nil
 	})
 	return rec, err
+}
+
+// txnRecord returns txn's record with its id, nil when there is none.
+func txnRecord(v *fsm.View, txn string) *fsm.TxnRecord {
+	t := v.Txn(txn)
+	if t != nil {
+		t.ID = txn
+	}
+	return t
 }
 
 func (c *Coordinator) propose(ctx context.Context, cmd *fsm.DecideCmd) (*fsm.TxnInfo, error) {
