@@ -123,7 +123,7 @@ type Node struct {
 	raft      *raft.Raft
 	fsm       *fsm.FSM
 	store     *raftboltdb.BoltStore
-	transport *raft.NetworkTransport
+	transport *gatedTransport
 	mux       *mux
 	peers     *peers
 	gossip    *gossip
@@ -232,9 +232,9 @@ func Open(cfg Config) (n *Node, err error) {
 	closers = append(closers, closerFunc(func() error { n.mux.close(); return nil }))
 	n.peers = &peers{network: cfg.Network, clients: map[string]*rpc.Client{}}
 	closers = append(closers, closerFunc(func() error { n.peers.close(); return nil }))
-	n.transport = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+	n.transport = &gatedTransport{NetworkTransport: raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  &streamLayer{m: n.mux, network: cfg.Network, advertise: advertise},
-		MaxPool: 3, Timeout: 10 * time.Second, Logger: hl})
+		MaxPool: 3, Timeout: 10 * time.Second, Logger: hl})}
 	closers = append(closers, n.transport)
 
 	rc := raft.DefaultConfig()
@@ -446,6 +446,7 @@ func (n *Node) Close() error {
 		n.closing.Store(true)
 		n.restoreMu.Unlock()
 		err := n.raft.Shutdown().Error()
+		n.transport.shutHeartbeats()
 		n.raft.DeregisterObserver(n.observer)
 		close(n.done)
 		n.stopSpawning()

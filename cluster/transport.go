@@ -266,3 +266,40 @@ func (t tlsNetwork) Dial(ctx context.Context, addr string) (net.Conn, error) {
 	}
 	return tc, nil
 }
+
+// gatedTransport is raft's transport with a gate on the heartbeat fast
+// path. Raft answers heartbeats on the transport's connection goroutines,
+// which its Shutdown does not wait for: a heartbeat that passed raft's own
+// shutdown check can still save a newer term after the node closed its log
+// store, and raft panics when that save fails. Once the gate is shut (after
+// raft has shut down, before the store closes), it waits for heartbeats in
+// flight and hands raft no more; their connections end with the transport,
+// which raft closed, unanswered, as a stopped server's would.
+type gatedTransport struct {
+	*raft.NetworkTransport
+	mu   sync.RWMutex
+	shut bool
+}
+
+// SetHeartbeatHandler implements raft.Transport.
+func (t *gatedTransport) SetHeartbeatHandler(fn func(rpc raft.RPC)) {
+	if fn == nil {
+		t.NetworkTransport.SetHeartbeatHandler(nil)
+		return
+	}
+	t.NetworkTransport.SetHeartbeatHandler(func(rpc raft.RPC) {
+		t.mu.RLock()
+		defer t.mu.RUnlock()
+		if !t.shut {
+			fn(rpc)
+		}
+	})
+}
+
+// shutHeartbeats waits for the heartbeats raft is handling and drops later
+// ones.
+func (t *gatedTransport) shutHeartbeats() {
+	t.mu.Lock()
+	t.shut = true
+	t.mu.Unlock()
+}

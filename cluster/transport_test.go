@@ -1,0 +1,81 @@
+package cluster
+
+import (
+	"io"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/raft"
+)
+
+// A heartbeat raft is handling when the node shuts the gate is waited for;
+// one arriving later never reaches raft.
+func TestShutGateWaitsForHeartbeatsAndDropsLaterOnes(t *testing.T) {
+	inner, err := raft.NewTCPTransport("127.0.0.1:0", nil, 2, 2*time.Second, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recv := &gatedTransport{NetworkTransport: inner}
+	sender, err := raft.NewTCPTransport("127.0.0.1:0", nil, 2, 2*time.Second, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sender.Close()
+
+	entered, release := make(chan struct{}, 4), make(chan struct{})
+	recv.SetHeartbeatHandler(func(rpc raft.RPC) {
+		entered <- struct{}{}
+		<-release
+		rpc.Respond(&raft.AppendEntriesResponse{Term: 1, Success: true}, nil)
+	})
+	heartbeat := func() <-chan error {
+		errc := make(chan error, 1)
+		go func() {
+			req := &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{Addr: []byte(sender.LocalAddr())}, Term: 1}
+			errc <- sender.AppendEntries("recv", recv.LocalAddr(), req, &raft.AppendEntriesResponse{})
+		}()
+		return errc
+	}
+	first := heartbeat()
+	waitRecv(t, entered, "the first heartbeat to reach raft")
+
+	shut := make(chan struct{})
+	go func() { recv.shutHeartbeats(); close(shut) }()
+	select {
+	case <-shut:
+		t.Fatal("the gate shut while raft was still handling a heartbeat")
+	case <-time.After(50 * time.Millisecond):
+	}
+	close(release)
+	waitRecv(t, shut, "the gate to shut once the heartbeat was handled")
+	if err := <-first; err != nil {
+		t.Fatalf("the heartbeat handled before the gate shut: %v", err)
+	}
+
+	second := heartbeat()
+	if err := recv.Close(); err != nil { // as raft's Shutdown does
+		t.Fatal(err)
+	}
+	select {
+	case err := <-second:
+		if err == nil {
+			t.Fatal("a heartbeat after the gate shut was answered")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a heartbeat after the gate shut is still waiting after the transport closed")
+	}
+	select {
+	case <-entered:
+		t.Fatal("a heartbeat after the gate shut reached raft")
+	default:
+	}
+}
+
+func waitRecv(t *testing.T, ch <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ch:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("timed out waiting for %s", what)
+	}
+}
