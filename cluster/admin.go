@@ -62,11 +62,11 @@ func (n *Node) removeLocal(ctx context.Context, id string) error {
 	if n.gossip != nil {
 		n.gossip.forget(id)
 	}
-	if err := n.raft.RemoveServer(raft.ServerID(id), 0, timeout).Error(); err != nil {
+	if _, err := n.await(func() raft.Future { return n.raft.RemoveServer(raft.ServerID(id), 0, timeout) }); err != nil {
 		if n.gossip != nil {
 			n.gossip.unforget(id)
 		}
-		return n.raftErr(err)
+		return err
 	}
 	return nil
 }
@@ -165,7 +165,7 @@ func (n *Node) HandOff(ctx context.Context) bool {
 	}
 	start := time.Now()
 	done := make(chan error, 1)
-	go func() { done <- n.raft.LeadershipTransfer().Error() }() // raft bounds it by its election timeout
+	go func() { done <- n.transferLeadership() }() // raft bounds it by its election timeout
 	select {
 	case err = <-done:
 	case <-ctx.Done():
@@ -245,8 +245,8 @@ func (n *Node) Leave(ctx context.Context) error {
 		return errcode.LastVoter.With("node %s is the cluster's only voter; it cannot leave", n.cfg.NodeID)
 	}
 	if n.IsLeader() && len(servers) > 1 {
-		if err := n.raft.LeadershipTransfer().Error(); err != nil {
-			return n.raftErr(err)
+		if err := n.transferLeadership(); err != nil {
+			return err
 		}
 	}
 	for {
@@ -292,3 +292,9 @@ func (n *Node) GossipAddr() string {
 // LastSnapshotIndex is the log index of the latest snapshot this node took
 // or installed.
 func (n *Node) LastSnapshotIndex() uint64 { return parseUint(n.raft.Stats()["last_snapshot_index"]) }
+
+// transferLeadership hands leadership to another voter.
+func (n *Node) transferLeadership() error {
+	_, err := n.await(func() raft.Future { return n.raft.LeadershipTransfer() })
+	return err
+}

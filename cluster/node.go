@@ -139,10 +139,11 @@ type Node struct {
 	// called, and only OnLeadership and watchLeadership take it, so a slow
 	// watcher never holds up a request waiting for a leader.
 	callMu    sync.Mutex
-	onLeft    []func()      // called after this node left the cluster
-	restoreMu sync.RWMutex  // held by a restore; proposals take it shared to enqueue
-	closing   atomic.Bool   // set (under restoreMu) before raft shuts down: nothing more is enqueued
-	leaderCh  chan struct{} // closed and replaced whenever leadership changes anywhere
+	onLeft    []func()       // called after this node left the cluster
+	restoreMu sync.RWMutex   // held by a restore; proposals take it shared to enqueue
+	closing   atomic.Bool    // set (under restoreMu) before raft shuts down: nothing more is enqueued
+	calls     sync.WaitGroup // requests to raft (see await) whose futures have not answered yet
+	leaderCh  chan struct{}  // closed and replaced whenever leadership changes anywhere
 	notify    chan bool
 	observeCh chan raft.Observation
 	observer  *raft.Observer
@@ -441,11 +442,20 @@ func (n *Node) Close() error {
 		if n.gossip != nil {
 			n.gossip.close()
 		}
-		// Enqueue nothing from here on.
+		// Enqueue nothing from here on, and let raft answer what it took.
 		n.restoreMu.Lock()
 		n.closing.Store(true)
 		n.restoreMu.Unlock()
-		err := n.raft.Shutdown().Error()
+		n.drainCalls(drainTimeout)
+		shut := n.raft.Shutdown()
+		// Raft's goroutines may be reading from a peer (a snapshot being
+		// installed) that will never send more: its connections end now.
+		// (Raft closes the transport itself once they have stopped;
+		// closing it first keeps its listener from reporting the end of
+		// the mux as a failure.)
+		_ = n.transport.Close()
+		n.mux.shut()
+		err := shut.Error()
 		n.transport.shutHeartbeats()
 		n.raft.DeregisterObserver(n.observer)
 		close(n.done)
@@ -460,6 +470,29 @@ func (n *Node) Close() error {
 		n.closeErr = err
 	})
 	return n.closeErr
+}
+
+// drainTimeout bounds how long Close waits for raft to answer the requests
+// already made to it. Raft answers each while it runs: a leader commits an
+// entry or gives up leading within its lease timeout.
+const drainTimeout = 10 * time.Second
+
+// drainCalls waits for the futures of requests made through await. Raft
+// never answers an entry waiting in its state machine's queue, nor a
+// leadership check still queued, when it shuts down, so whoever waits on
+// one would wait forever; Close therefore shuts raft down only once every
+// request made to it has its answer (or timeout has passed).
+func (n *Node) drainCalls(timeout time.Duration) {
+	idle := make(chan struct{})
+	go func() {
+		n.calls.Wait()
+		close(idle)
+	}()
+	select {
+	case <-idle:
+	case <-time.After(timeout):
+		n.cfg.Logger.Warn("shutting raft down with requests it has not answered", "waited", timeout)
+	}
 }
 
 // spawn runs fn on a goroutine that Close waits for; fn should end soon

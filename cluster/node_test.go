@@ -322,3 +322,58 @@ func TestStampsNeverRunBackwards(t *testing.T) {
 		t.Fatalf("stamp %d below the replicated clock %d", got, second+60_000)
 	}
 }
+
+// Closing a node while proposals stream in lets raft answer every proposal
+// it took before it shuts down; later ones are refused as shutting_down and
+// none is left with an unknown outcome. Raft shutting down under a request
+// answers it "leadership lost" at best, and never answers one queued for
+// its state machine: its proposer (and the RPC connection serving a
+// forwarded one) would wait forever.
+func TestCloseAnswersEveryProposalInFlight(t *testing.T) {
+	for round := 0; round < 5; round++ {
+		n := open(t, testConfig(t.TempDir(), "boot-a"))
+		const proposers = 32
+		answered := make(chan error, proposers)
+		started := make(chan struct{}, proposers)
+		for i := 0; i < proposers; i++ {
+			go func() {
+				first := true
+				for {
+					_, err := n.Propose(context.Background(), &fsm.Command{Op: fsm.OpNoop, Noop: &fsm.NoopCmd{}})
+					if first {
+						started <- struct{}{}
+						first = false
+					}
+					if err != nil {
+						answered <- err
+						return
+					}
+				}
+			}()
+		}
+		for i := 0; i < proposers; i++ {
+			<-started
+		}
+		closed := make(chan error, 1)
+		go func() { closed <- n.Close() }()
+		deadline := time.After(15 * time.Second)
+		for i := 0; i < proposers; i++ {
+			select {
+			case err := <-answered:
+				if !errors.Is(err, errcode.ShuttingDown) {
+					t.Fatalf("round %d: a proposal cut short by the close: %v, want shutting_down", round, err)
+				}
+			case <-deadline:
+				t.Fatalf("round %d: %d of %d proposers still wait after the node closed", round, proposers-i, proposers)
+			}
+		}
+		select {
+		case err := <-closed:
+			if err != nil {
+				t.Fatal(err)
+			}
+		case <-deadline:
+			t.Fatalf("round %d: Close did not return", round)
+		}
+	}
+}

@@ -180,24 +180,37 @@ func (n *Node) proposeLocal(ctx context.Context, cmd *fsm.Command) (*fsm.Result,
 		timeout = max(time.Until(d), time.Millisecond)
 	}
 	start := time.Now()
-	// A restore holds the gate while it replaces the state (backup.go);
-	// entries enqueued before it are applied before it begins.
+	f, err := n.await(func() raft.Future { return n.raft.Apply(data, timeout) })
+	if err != nil {
+		return nil, err
+	}
+	n.metrics.proposeSeconds.Observe(time.Since(start).Seconds())
+	res, ok := f.(raft.ApplyFuture).Response().(*fsm.Result)
+	if !ok || res == nil {
+		return nil, errcode.Internal.With("state machine gave no result for %s", cmd.Op)
+	}
+	return res, res.Error()
+}
+
+// await makes one request to raft through call, unless the node is
+// closing, and waits for raft's answer; Close lets such requests finish
+// before it shuts raft down (drainCalls). A restore holds the gate while it
+// replaces the state (backup.go): requests made before it are answered
+// before it begins.
+func (n *Node) await(call func() raft.Future) (raft.Future, error) {
 	n.restoreMu.RLock()
 	if n.closing.Load() {
 		n.restoreMu.RUnlock()
 		return nil, shuttingDown()
 	}
-	f := n.raft.Apply(data, timeout)
+	n.calls.Add(1)
+	f := call()
 	n.restoreMu.RUnlock()
+	defer n.calls.Done()
 	if err := f.Error(); err != nil {
-		return nil, n.raftErr(err)
+		return f, n.raftErr(err)
 	}
-	n.metrics.proposeSeconds.Observe(time.Since(start).Seconds())
-	res, ok := f.Response().(*fsm.Result)
-	if !ok || res == nil {
-		return nil, errcode.Internal.With("state machine gave no result for %s", cmd.Op)
-	}
-	return res, res.Error()
+	return f, nil
 }
 
 func (n *Node) raftErr(err error) error {

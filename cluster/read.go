@@ -82,19 +82,18 @@ func (n *Node) readIndexLocal(ctx context.Context) (uint64, error) {
 // verifyLeader confirms with a quorum that this node still leads, giving up
 // when ctx ends or the node shuts down rather than trusting raft to answer.
 func (n *Node) verifyLeader(ctx context.Context) error {
-	f := n.raft.VerifyLeader()
 	done := make(chan error, 1)
-	// raft answers every verification by the time it has shut down, which
-	// Close waits for before it waits for this goroutine.
-	if !n.spawn(func() { done <- f.Error() }) {
+	// Close lets raft answer the verification before it shuts raft down
+	// (drainCalls), and only then waits for this goroutine.
+	if !n.spawn(func() {
+		_, err := n.await(func() raft.Future { return n.raft.VerifyLeader() })
+		done <- err
+	}) {
 		return shuttingDown()
 	}
 	select {
 	case err := <-done:
-		if err != nil {
-			return n.raftErr(err)
-		}
-		return nil
+		return err
 	case <-ctx.Done():
 		return fmt.Errorf("cluster: confirming leadership: %w", ctx.Err())
 	case <-n.done:

@@ -148,7 +148,9 @@ func (t *trackedConn) Close() error {
 	return t.Conn.Close()
 }
 
-func (m *mux) close() {
+// shut stops accepting and ends every accepted connection, without waiting
+// for the goroutines serving them.
+func (m *mux) shut() {
 	m.once.Do(func() {
 		close(m.done)
 		m.ln.Close()
@@ -162,6 +164,11 @@ func (m *mux) close() {
 			c.Close()
 		}
 	})
+}
+
+// close shuts the mux and waits for the goroutines serving its connections.
+func (m *mux) close() {
+	m.shut()
 	m.wg.Wait()
 }
 
