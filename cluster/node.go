@@ -244,9 +244,10 @@ func Open(cfg Config) (n *Node, err error) {
 	rc.NotifyCh = n.notify
 	// BatchApplyCh stays off: raft never answers an entry still queued in a
 	// buffered apply channel when it shuts down, so its proposer would wait
-	// forever. Unbuffered, every entry raft takes is answered (applied, or
-	// failed on leadership loss or shutdown), and the leader loop still
-	// takes all waiting entries as one batch.
+	// forever. Unbuffered, every entry raft takes while it runs is answered
+	// (applied, or failed on leadership loss), Close lets raft answer them
+	// before shutting it down (drainCalls), and the leader loop still takes
+	// all waiting entries as one batch.
 	rc.MaxAppendEntries = 256
 	// Followers learn that an entry committed from the leader's next
 	// AppendEntries; when no new entry follows, that is CommitTimeout
