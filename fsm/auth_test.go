@@ -223,20 +223,12 @@ func TestAccessListsSurviveSnapshotAndRestore(t *testing.T) {
 	src.one(revokeCmd("beef", "stolen"))
 	src.one(revokeCmd("1", ""))
 	src.one(trustCmd(fp("9"), "island b", []byte("der")))
-	snap, err := src.f.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sink memSink
-	if err := snap.Persist(&sink); err != nil {
-		t.Fatal(err)
-	}
-	snap.Release()
+	data := snapshotBytes(t, src)
 
 	dst := openHarness(t, t.TempDir())
 	dst.one(revokeCmd("dead", "")) // replaced by the restore
 	gen := dst.f.AuthGeneration()
-	if err := dst.f.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
+	if err := dst.f.Restore(io.NopCloser(bytes.NewReader(data))); err != nil {
 		t.Fatal(err)
 	}
 	if dst.f.AuthGeneration() == gen {

@@ -16,17 +16,8 @@ import (
 // snapshotFile persists a snapshot of h's state to a file.
 func snapshotFile(t *testing.T, h *harness) string {
 	t.Helper()
-	snap, err := h.f.Snapshot()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer snap.Release()
-	var sink memSink
-	if err := snap.Persist(&sink); err != nil {
-		t.Fatal(err)
-	}
 	path := filepath.Join(t.TempDir(), "backup.db")
-	if err := os.WriteFile(path, sink.Bytes(), 0o600); err != nil {
+	if err := os.WriteFile(path, snapshotBytes(t, h), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	return path

@@ -15,6 +15,7 @@ package fsm
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -56,6 +57,9 @@ type FSM struct {
 
 	mu sync.RWMutex // guards db against Restore swapping it
 	db *bolt.DB
+
+	snapMu sync.Mutex
+	snaps  map[*snapshot]struct{} // open snapshots: a Restore ends them
 
 	applied     atomic.Uint64
 	appliedTerm atomic.Uint64
@@ -375,17 +379,41 @@ func (f *FSM) View(fn func(v *View) error) (err error) {
 // applies continue while it is persisted.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.RLock()
+	defer f.mu.RUnlock()
 	tx, err := f.db.Begin(false)
-	f.mu.RUnlock()
 	if err != nil {
 		return nil, fmt.Errorf("fsm: snapshot: %w", err)
 	}
-	return &snapshot{tx: tx}, nil
+	s := &snapshot{f: f, tx: tx}
+	f.snapMu.Lock()
+	if f.snaps == nil {
+		f.snaps = map[*snapshot]struct{}{}
+	}
+	f.snaps[s] = struct{}{}
+	f.snapMu.Unlock()
+	return s, nil
 }
 
-type snapshot struct{ tx *bolt.Tx }
+// snapshot is a read transaction on the state file, written out by
+// Persist. Raft holds it while it asks its main loop for the configuration;
+// should the main loop be installing a snapshot from the leader, the
+// Restore that follows cannot close the file while the transaction is open
+// and the main loop waits for the Restore. A Restore therefore ends every
+// open snapshot first (one being persisted finishes); a snapshot so ended
+// fails to persist, and raft takes another later.
+type snapshot struct {
+	f  *FSM
+	mu sync.Mutex
+	tx *bolt.Tx // nil once released or ended by a Restore
+}
 
 func (s *snapshot) Persist(sink raft.SnapshotSink) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tx == nil {
+		_ = sink.Cancel()
+		return errors.New("fsm: persist snapshot: the state was replaced by a restore")
+	}
 	if _, err := s.tx.WriteTo(sink); err != nil {
 		_ = sink.Cancel()
 		return fmt.Errorf("fsm: persist snapshot: %w", err)
@@ -393,7 +421,35 @@ func (s *snapshot) Persist(sink raft.SnapshotSink) error {
 	return sink.Close()
 }
 
-func (s *snapshot) Release() { _ = s.tx.Rollback() }
+func (s *snapshot) Release() {
+	s.end()
+	s.f.snapMu.Lock()
+	delete(s.f.snaps, s)
+	s.f.snapMu.Unlock()
+}
+
+// end rolls the transaction back, once.
+func (s *snapshot) end() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.tx != nil {
+		_ = s.tx.Rollback()
+		s.tx = nil
+	}
+}
+
+// endSnapshots ends every open snapshot, so that the state file can close.
+func (f *FSM) endSnapshots() {
+	f.snapMu.Lock()
+	open := make([]*snapshot, 0, len(f.snaps))
+	for s := range f.snaps {
+		open = append(open, s)
+	}
+	f.snapMu.Unlock()
+	for _, s := range open {
+		s.end()
+	}
+}
 
 // Restore replaces the state with a snapshot stream (a bbolt file).
 func (f *FSM) Restore(rc io.ReadCloser) error {
@@ -421,6 +477,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.endSnapshots()
 	if err := f.db.Close(); err != nil {
 		return fmt.Errorf("fsm: restore close current: %w", err)
 	}

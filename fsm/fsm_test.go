@@ -592,6 +592,21 @@ type memSink struct {
 	cancelled bool
 }
 
+// snapshotBytes persists a snapshot of h's state.
+func snapshotBytes(t *testing.T, h *harness) []byte {
+	t.Helper()
+	snap, err := h.f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer snap.Release()
+	var sink memSink
+	if err := snap.Persist(&sink); err != nil {
+		t.Fatal(err)
+	}
+	return sink.Bytes()
+}
+
 func (s *memSink) ID() string    { return "mem" }
 func (s *memSink) Cancel() error { s.cancelled = true; return nil }
 func (s *memSink) Close() error  { return nil }
@@ -633,6 +648,46 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	}
 	if err := dst.f.Restore(io.NopCloser(bytes.NewReader([]byte("not a bolt file")))); err == nil {
 		t.Fatal("restore accepted garbage")
+	}
+}
+
+// A snapshot raft holds open (while its main loop installs the leader's
+// snapshot) does not keep that Restore from replacing the state: the
+// Restore ends it, and it then fails to persist instead of writing the
+// replaced state.
+func TestRestoreEndsSnapshotsLeftOpen(t *testing.T) {
+	src := openHarness(t, t.TempDir())
+	mustLease(t, src.one(acq("from-leader", "t1", "r1", 10_000, 0)))
+	leader := snapshotBytes(t, src)
+
+	dst := openHarness(t, t.TempDir())
+	mustLease(t, dst.one(acq("own", "t2", "r2", 10_000, 0)))
+	open, err := dst.f.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	restored := make(chan error, 1)
+	go func() { restored <- dst.f.Restore(io.NopCloser(bytes.NewReader(leader))) }()
+	select {
+	case err := <-restored:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		open.Release()
+		<-restored
+		t.Fatal("the restore waited for a snapshot left open")
+	}
+	if !bytes.Equal(src.hash(), dst.hash()) {
+		t.Fatal("restored state differs from the leader's")
+	}
+	var stale memSink
+	if err := open.Persist(&stale); err == nil || !stale.cancelled {
+		t.Fatalf("a snapshot of the replaced state persisted: %v", err)
+	}
+	open.Release()
+	if len(snapshotBytes(t, dst)) == 0 {
+		t.Fatal("an empty snapshot after the restore")
 	}
 }
 
