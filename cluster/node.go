@@ -249,6 +249,11 @@ func Open(cfg Config) (n *Node, err error) {
 	// before shutting it down (drainCalls), and the leader loop still takes
 	// all waiting entries as one batch.
 	rc.MaxAppendEntries = 256
+	// A leader that commits its own removal steps down rather than shutting
+	// raft down under the requests it is serving: raft would never answer
+	// those whose entries it had committed alongside the removal. The node
+	// stays up, outside the configuration, until it is closed.
+	rc.ShutdownOnRemove = false
 	// Followers learn that an entry committed from the leader's next
 	// AppendEntries; when no new entry follows, that is CommitTimeout
 	// later. A follower's linearizable reads and the grants to acquirers
@@ -302,11 +307,7 @@ func Open(cfg Config) (n *Node, err error) {
 	n.spawn(grants.run)
 	if cfg.Gossip != nil {
 		if n.gossip, err = startGossip(n, *cfg.Gossip); err != nil {
-			_ = n.raft.Shutdown().Error()
-			n.raft.DeregisterObserver(n.observer)
-			close(n.done)
-			n.stopSpawning()
-			n.wg.Wait()
+			_ = n.stop()
 			return nil, err
 		}
 		n.SetDirectory(n.gossip)
@@ -443,25 +444,7 @@ func (n *Node) Close() error {
 		if n.gossip != nil {
 			n.gossip.close()
 		}
-		// Enqueue nothing from here on, and let raft answer what it took.
-		n.restoreMu.Lock()
-		n.closing.Store(true)
-		n.restoreMu.Unlock()
-		n.drainCalls(drainTimeout)
-		shut := n.raft.Shutdown()
-		// Raft's goroutines may be reading from a peer (a snapshot being
-		// installed) that will never send more: its connections end now.
-		// (Raft closes the transport itself once they have stopped;
-		// closing it first keeps its listener from reporting the end of
-		// the mux as a failure.)
-		_ = n.transport.Close()
-		n.mux.shut()
-		err := shut.Error()
-		n.transport.shutHeartbeats()
-		n.raft.DeregisterObserver(n.observer)
-		close(n.done)
-		n.stopSpawning()
-		n.wg.Wait()
+		err := n.stop()
 		n.peers.close()
 		for _, c := range []io.Closer{n.transport, closerFunc(func() error { n.mux.close(); return nil }), n.store, n.fsm} {
 			if cerr := c.Close(); cerr != nil && err == nil {
@@ -471,6 +454,31 @@ func (n *Node) Close() error {
 		n.closeErr = err
 	})
 	return n.closeErr
+}
+
+// stop shuts raft down and waits for the node's goroutines; the transport,
+// the RPC connections, the log and the state file stay open.
+func (n *Node) stop() error {
+	// Enqueue nothing from here on, and let raft answer what it took.
+	n.restoreMu.Lock()
+	n.closing.Store(true)
+	n.restoreMu.Unlock()
+	n.drainCalls(drainTimeout)
+	shut := n.raft.Shutdown()
+	// Raft's goroutines may be reading from a peer (a snapshot being
+	// installed) that will never send more: its connections end now.
+	// (Raft closes the transport itself once they have stopped; closing it
+	// first keeps its listener from reporting the end of the mux as a
+	// failure.)
+	_ = n.transport.Close()
+	n.mux.shut()
+	err := shut.Error()
+	n.transport.shutHeartbeats()
+	n.raft.DeregisterObserver(n.observer)
+	close(n.done)
+	n.stopSpawning()
+	n.wg.Wait()
+	return err
 }
 
 // drainTimeout bounds how long Close waits for raft to answer the requests

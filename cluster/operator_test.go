@@ -9,6 +9,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/fsm"
 )
 
 // A server removed while it keeps running is not added back by the
@@ -72,5 +73,60 @@ func TestLastVoterCannotLeave(t *testing.T) {
 	}
 	if left || !n.IsLeader() {
 		t.Fatalf("after refused leave: left %v, leader %v", left, n.IsLeader())
+	}
+}
+
+// A leader that removes itself steps down instead of shutting raft down
+// under the proposals it serves: the removal and every proposal are
+// answered, the others elect a leader, and the old leader closes cleanly.
+func TestRemovedLeaderStepsDownAndAnswersEveryProposal(t *testing.T) {
+	nodes := startStatic(t, 3)
+	leader := leaderOf(t, nodes)
+	const proposers = 8
+	stop, answered := make(chan struct{}), make(chan struct{}, proposers)
+	for range proposers {
+		go func() {
+			defer func() { answered <- struct{}{} }()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_, _ = leader.Propose(ctx, &fsm.Command{Op: fsm.OpNoop, Noop: &fsm.NoopCmd{}})
+				cancel()
+			}
+		}()
+	}
+	removed := make(chan error, 1)
+	go func() { removed <- leader.RemovePeer(context.Background(), leader.ID()) }()
+	deadline := time.After(20 * time.Second)
+	select {
+	case err := <-removed:
+		if err != nil {
+			t.Fatalf("removing the leader: %v", err)
+		}
+	case <-deadline:
+		t.Fatal("the leader's removal of itself was never answered")
+	}
+	close(stop)
+	for i := range proposers {
+		select {
+		case <-answered:
+		case <-deadline:
+			t.Fatalf("%d of %d proposers still wait on the removed leader", proposers-i, proposers)
+		}
+	}
+	if st := leader.raft.State(); st == raft.Shutdown {
+		t.Fatal("raft shut down on the removed leader")
+	}
+	next := leaderOf(t, followers(nodes, leader))
+	acquire(t, next, "after-removal")
+	if _, ok := voters(t, next)[leader.ID()]; ok {
+		t.Fatal("the removed leader is still a voter")
+	}
+	if err := leader.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -50,12 +50,12 @@ type mux struct {
 	once   sync.Once
 
 	mu    sync.Mutex
-	conns map[net.Conn]struct{} // accepted RPC connections, closed on shutdown
+	conns map[*trackedConn]struct{} // accepted connections, closed on shutdown
 }
 
 func newMux(ln net.Listener, rpc func(net.Conn), log *slog.Logger) *mux {
 	m := &mux{ln: ln, raftCh: make(chan net.Conn), rpc: rpc, log: log, done: make(chan struct{}),
-		conns: map[net.Conn]struct{}{}}
+		conns: map[*trackedConn]struct{}{}}
 	m.wg.Add(1)
 	go m.accept()
 	return m
@@ -94,7 +94,7 @@ func (m *mux) route(c net.Conn) {
 	_ = c.SetReadDeadline(time.Time{})
 	switch b[0] {
 	case protoRaft:
-		tc, ok := m.track(c)
+		tc, ok := m.track(c, true)
 		if !ok {
 			return
 		}
@@ -104,7 +104,7 @@ func (m *mux) route(c net.Conn) {
 			tc.Close()
 		}
 	case protoRPC:
-		tc, ok := m.track(c)
+		tc, ok := m.track(c, false)
 		if !ok {
 			return
 		}
@@ -119,7 +119,7 @@ func (m *mux) route(c net.Conn) {
 // track remembers an accepted connection until it is closed, so that
 // shutting the node down ends every connection it accepted (and the
 // goroutines serving them), whoever holds the other end.
-func (m *mux) track(c net.Conn) (net.Conn, bool) {
+func (m *mux) track(c net.Conn, raft bool) (net.Conn, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	select {
@@ -128,7 +128,7 @@ func (m *mux) track(c net.Conn) (net.Conn, bool) {
 		return nil, false
 	default:
 	}
-	tc := &trackedConn{Conn: c, m: m}
+	tc := &trackedConn{Conn: c, m: m, raft: raft}
 	m.conns[tc] = struct{}{}
 	return tc, true
 }
@@ -136,6 +136,7 @@ func (m *mux) track(c net.Conn) (net.Conn, bool) {
 type trackedConn struct {
 	net.Conn
 	m    *mux
+	raft bool // carries Raft (else RPCs)
 	once sync.Once
 }
 
@@ -148,28 +149,37 @@ func (t *trackedConn) Close() error {
 	return t.Conn.Close()
 }
 
-// shut stops accepting and ends every accepted connection, without waiting
-// for the goroutines serving them.
+// shut stops accepting and ends the accepted Raft connections (raft may be
+// blocked reading one). RPC connections stay until close: the answer to a
+// request raft has already taken is still delivered.
 func (m *mux) shut() {
 	m.once.Do(func() {
 		close(m.done)
 		m.ln.Close()
-		m.mu.Lock()
-		conns := make([]net.Conn, 0, len(m.conns))
-		for c := range m.conns {
-			conns = append(conns, c)
-		}
-		m.mu.Unlock()
-		for _, c := range conns {
-			c.Close()
-		}
 	})
+	m.closeConns(func(c *trackedConn) bool { return c.raft })
 }
 
-// close shuts the mux and waits for the goroutines serving its connections.
+// close shuts the mux, ends every accepted connection and waits for the
+// goroutines serving them.
 func (m *mux) close() {
 	m.shut()
+	m.closeConns(func(*trackedConn) bool { return true })
 	m.wg.Wait()
+}
+
+func (m *mux) closeConns(match func(c *trackedConn) bool) {
+	m.mu.Lock()
+	var conns []*trackedConn
+	for c := range m.conns {
+		if match(c) {
+			conns = append(conns, c)
+		}
+	}
+	m.mu.Unlock()
+	for _, c := range conns {
+		c.Close()
+	}
 }
 
 // streamLayer is raft's view of the mux.
