@@ -54,6 +54,7 @@ type Server struct {
 	served   chan error
 	registry *prometheus.Registry
 	drain    context.CancelCauseFunc // ends every request's context at shutdown
+	fresh    freshConns              // API connections without a request yet
 	done     chan struct{}           // closed once Close has finished
 
 	closeOnce sync.Once
@@ -233,6 +234,7 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 			MaxHeaderBytes:    64 << 10,
 			ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		}}
+	s.http.ConnState = s.fresh.track
 	// A node that left its cluster (asked over HTTP or by another member)
 	// has nothing left to serve.
 	node.OnLeft(s.shutDownAfterLeaving)
@@ -449,11 +451,55 @@ func (s *Server) shutDownAfterLeaving() {
 	}()
 }
 
+// freshConns tracks the API connections on which no request has begun.
+// http.Server.Shutdown waits for such a connection as for one serving a
+// request, for up to five seconds; a client's transport often holds one
+// (dialed for a request that then went out on another connection). At
+// shutdown they are closed at once, as if they had arrived after it. (The
+// API speaks HTTP/1.1, where a connection's first request moves it on from
+// StateNew.)
+type freshConns struct {
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
+}
+
+// track is the http.Server's ConnState hook.
+func (f *freshConns) track(c net.Conn, st http.ConnState) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if st != http.StateNew {
+		delete(f.conns, c)
+		return
+	}
+	if f.closed {
+		c.Close()
+		return
+	}
+	if f.conns == nil {
+		f.conns = map[net.Conn]struct{}{}
+	}
+	f.conns[c] = struct{}{}
+}
+
+// closeAll closes the connections without a request, and any that arrive
+// from now on.
+func (f *freshConns) closeAll() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
+	for c := range f.conns {
+		c.Close()
+	}
+	clear(f.conns)
+}
+
 func (s *Server) close(ctx context.Context) error {
 	// Requests still waiting (blocked acquires) are told to retry elsewhere.
 	e := errcode.ShuttingDown.With("node is shutting down")
 	e.RetryAfter = 1
 	s.drain(e)
+	s.fresh.closeAll()
 	err := s.http.Shutdown(ctx)
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		err = s.http.Close()

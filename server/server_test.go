@@ -3,9 +3,11 @@ package server_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"io/fs"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -59,6 +61,44 @@ func TestShutdownReleasesWaitingRequests(t *testing.T) {
 	}
 	if err := <-errc; !errors.Is(err, errcode.ShuttingDown) {
 		t.Fatalf("blocked acquire got %v, want shutdown_draining", err)
+	}
+}
+
+// A connection on which no request has begun (a client's transport often
+// holds one) does not hold shutdown up; http.Server would wait five seconds
+// for it.
+func TestShutdownDoesNotWaitForConnectionsWithoutARequest(t *testing.T) {
+	srv, err := server.Start(testutil.Config(t, t.TempDir()), testutil.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "leader", srv.Node().IsLeader)
+	u, err := url.Parse(srv.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := tls.Dial("tcp", u.Host, auth.ClientConfig(testutil.ClientBundle(t)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	// The server has accepted it once it answers a request on another.
+	c := testutil.Client(t, srv.URL(), client.WithRetry(0))
+	if _, err := c.Acquire(context.Background(), wire.AcquireRequest{Key: "k", Owner: "a", TTLSeconds: 60}); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	if err := srv.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("shutdown waited %s for a connection without a request", took)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := conn.Read(make([]byte, 1)); err == nil {
+		t.Fatal("the connection without a request is still open")
 	}
 }
 
