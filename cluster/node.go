@@ -123,7 +123,7 @@ type Node struct {
 	raft      *raft.Raft
 	fsm       *fsm.FSM
 	store     *raftboltdb.BoltStore
-	transport *gatedTransport
+	transport *raftTransport
 	mux       *mux
 	peers     *peers
 	gossip    *gossip
@@ -233,7 +233,7 @@ func Open(cfg Config) (n *Node, err error) {
 	closers = append(closers, closerFunc(func() error { n.mux.close(); return nil }))
 	n.peers = &peers{network: cfg.Network, clients: map[string]*rpc.Client{}}
 	closers = append(closers, closerFunc(func() error { n.peers.close(); return nil }))
-	n.transport = &gatedTransport{NetworkTransport: raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+	n.transport = &raftTransport{NetworkTransport: raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:  &streamLayer{m: n.mux, network: cfg.Network, advertise: advertise},
 		MaxPool: 3, Timeout: 10 * time.Second, Logger: hl})}
 	closers = append(closers, n.transport)

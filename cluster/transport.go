@@ -284,22 +284,33 @@ func (t tlsNetwork) Dial(ctx context.Context, addr string) (net.Conn, error) {
 	return tc, nil
 }
 
-// gatedTransport is raft's transport with a gate on the heartbeat fast
-// path. Raft answers heartbeats on the transport's connection goroutines,
-// which its Shutdown does not wait for: a heartbeat that passed raft's own
-// shutdown check can still save a newer term after the node closed its log
-// store, and raft panics when that save fails. Once the gate is shut (after
-// raft has shut down, before the store closes), it waits for heartbeats in
-// flight and hands raft no more; their connections end with the transport,
-// which raft closed, unanswered, as a stopped server's would.
-type gatedTransport struct {
+// raftTransport is raft's TCP transport with two changes.
+//
+// Heartbeats pass a gate. Raft answers heartbeats on the transport's
+// connection goroutines, which its Shutdown does not wait for: a heartbeat
+// that passed raft's own shutdown check can still save a newer term after
+// the node closed its log store, and raft panics when that save fails. Once
+// the gate is shut (after raft has shut down, before the store closes), it
+// waits for heartbeats in flight and hands raft no more; their connections
+// end with the transport, which raft closed, unanswered, as a stopped
+// server's would.
+//
+// Replication is not pipelined. Raft's pipelined replication can deadlock:
+// when a follower refuses an entry (or a response times out), raft stops
+// reading the pipeline's answers while its sender may still pick one more
+// trigger over the stop signal, and the two block on each other's full
+// channels for good. The follower then gets heartbeats but no entry ever
+// again, and the leader cannot shut down. Without a pipeline raft sends
+// each follower one AppendEntries at a time, every one carrying all the
+// entries waiting (up to MaxAppendEntries).
+type raftTransport struct {
 	*raft.NetworkTransport
 	mu   sync.RWMutex
 	shut bool
 }
 
 // SetHeartbeatHandler implements raft.Transport.
-func (t *gatedTransport) SetHeartbeatHandler(fn func(rpc raft.RPC)) {
+func (t *raftTransport) SetHeartbeatHandler(fn func(rpc raft.RPC)) {
 	if fn == nil {
 		t.NetworkTransport.SetHeartbeatHandler(nil)
 		return
@@ -315,8 +326,14 @@ func (t *gatedTransport) SetHeartbeatHandler(fn func(rpc raft.RPC)) {
 
 // shutHeartbeats waits for the heartbeats raft is handling and drops later
 // ones.
-func (t *gatedTransport) shutHeartbeats() {
+func (t *raftTransport) shutHeartbeats() {
 	t.mu.Lock()
 	t.shut = true
 	t.mu.Unlock()
+}
+
+// AppendEntriesPipeline implements raft.Transport: raft then replicates
+// without a pipeline.
+func (t *raftTransport) AppendEntriesPipeline(raft.ServerID, raft.ServerAddress) (raft.AppendPipeline, error) {
+	return nil, raft.ErrPipelineReplicationNotSupported
 }

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"errors"
 	"io"
 	"testing"
 	"time"
@@ -15,7 +16,7 @@ func TestShutGateWaitsForHeartbeatsAndDropsLaterOnes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	recv := &gatedTransport{NetworkTransport: inner}
+	recv := &raftTransport{NetworkTransport: inner}
 	sender, err := raft.NewTCPTransport("127.0.0.1:0", nil, 2, 2*time.Second, io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -77,5 +78,19 @@ func waitRecv(t *testing.T, ch <-chan struct{}, what string) {
 	case <-ch:
 	case <-time.After(10 * time.Second):
 		t.Fatalf("timed out waiting for %s", what)
+	}
+}
+
+// Raft replicates without a pipeline: its pipelined replication can
+// deadlock (see raftTransport).
+func TestTransportOffersNoPipeline(t *testing.T) {
+	inner, err := raft.NewTCPTransport("127.0.0.1:0", nil, 2, time.Second, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &raftTransport{NetworkTransport: inner}
+	defer tr.Close()
+	if _, err := tr.AppendEntriesPipeline("peer", "127.0.0.1:1"); !errors.Is(err, raft.ErrPipelineReplicationNotSupported) {
+		t.Fatalf("a pipeline was offered: %v", err)
 	}
 }
