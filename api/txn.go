@@ -149,19 +149,26 @@ func expiresAt(unix int64, now time.Time, maxTTL time.Duration) (time.Time, erro
 	return time.Unix(unix, 0), nil
 }
 
+// decisionExpiry is expiresAt for a request deciding state: only a pending
+// decision's expiry must be valid. A commit or rollback (resent, say, with
+// its prepare's old expiry) is answered as a decision whatever expiry it
+// carries; the expiry only bounds what a prepare holds.
+func decisionExpiry(state string, unix int64, maxTTL time.Duration) (time.Time, error) {
+	exp, err := expiresAt(unix, time.Now(), maxTTL)
+	if err != nil && state != fsm.TxnPending {
+		return time.Time{}, nil
+	}
+	return exp, err
+}
+
 func (h *handler) txnDecide(w http.ResponseWriter, r *http.Request) error {
 	var req wire.TxnDecisionRequest
 	if err := h.decodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	exp, err := expiresAt(req.ExpiresAtUnix, time.Now(), h.MaxTTL)
-	switch {
-	case err != nil && req.State == wire.TxnStatePending:
+	exp, err := decisionExpiry(req.State, req.ExpiresAtUnix, h.MaxTTL)
+	if err != nil {
 		return err
-	case err != nil:
-		// A commit or rollback resent with its prepare's old expiry is
-		// answered as a decision; the expiry only bounds what it prepares.
-		exp = time.Time{}
 	}
 	info, err := h.Coordinator.Decide(r.Context(), tc.Decision{TxnID: req.TxnID, State: req.State,
 		Participants: participantsIn(req.Participants), ExpiresAt: exp, Owner: req.Owner})
@@ -214,12 +221,9 @@ func (h *handler) txnRM(state string) func(http.ResponseWriter, *http.Request) e
 		}
 		// Another island's coordinator computed the expiry by its own
 		// clock: the bound allows for some skew between the islands.
-		exp, err := expiresAt(req.ExpiresAtUnix, time.Now(), h.MaxTTL+islandClockSkew)
-		switch {
-		case err != nil && state == fsm.TxnPending:
+		exp, err := decisionExpiry(state, req.ExpiresAtUnix, h.MaxTTL+islandClockSkew)
+		if err != nil {
 			return err
-		case err != nil:
-			exp = time.Time{} // a decision is applied whatever expiry it carries
 		}
 		c := rm.Coordinated{TxnID: req.TxnID, State: state, Home: req.TCBackendHash, Term: req.TCTerm,
 			Target: req.TargetBackendHash, ExpiresAt: exp, Owner: req.Owner, Participants: participantsIn(req.Participants)}

@@ -463,7 +463,7 @@ func (n *Node) stop() error {
 	n.restoreMu.Lock()
 	n.closing.Store(true)
 	n.restoreMu.Unlock()
-	n.drainCalls(drainTimeout)
+	n.drainCalls()
 	shut := n.raft.Shutdown()
 	// Raft's goroutines may be reading from a peer (a snapshot being
 	// installed) that will never send more: its connections end now.
@@ -490,8 +490,8 @@ const drainTimeout = 10 * time.Second
 // never answers an entry waiting in its state machine's queue, nor a
 // leadership check still queued, when it shuts down, so whoever waits on
 // one would wait forever; Close therefore shuts raft down only once every
-// request made to it has its answer (or timeout has passed).
-func (n *Node) drainCalls(timeout time.Duration) {
+// request made to it has its answer (or drainTimeout has passed).
+func (n *Node) drainCalls() {
 	idle := make(chan struct{})
 	go func() {
 		n.calls.Wait()
@@ -499,8 +499,8 @@ func (n *Node) drainCalls(timeout time.Duration) {
 	}()
 	select {
 	case <-idle:
-	case <-time.After(timeout):
-		n.cfg.Logger.Warn("shutting raft down with requests it has not answered", "waited", timeout)
+	case <-time.After(drainTimeout):
+		n.cfg.Logger.Warn("shutting raft down with requests it has not answered", "waited", drainTimeout)
 	}
 }
 

@@ -204,10 +204,16 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 // withdraw takes the acquire attempt out of the key's queue, whatever
 // became of ctx; the answer holds the lease when it was granted first.
 func (k *Keys) withdraw(ctx context.Context, ns, key, req, attempt string) (*fsm.Result, error) {
+	return proposeDetached(ctx, k.store, &fsm.Command{Op: fsm.OpCancelWait,
+		CancelWait: &fsm.CancelWaitCmd{Namespace: ns, Key: key, RequestID: req, Attempt: attempt}})
+}
+
+// proposeDetached proposes cmd whatever became of ctx (a request that stops
+// waiting still has to leave its queue), within ten seconds.
+func proposeDetached(ctx context.Context, s Store, cmd *fsm.Command) (*fsm.Result, error) {
 	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
-	return k.store.Propose(cctx, &fsm.Command{Op: fsm.OpCancelWait,
-		CancelWait: &fsm.CancelWaitCmd{Namespace: ns, Key: key, RequestID: req, Attempt: attempt}})
+	return s.Propose(cctx, cmd)
 }
 
 // ttl resolves a requested TTL as lockd does: zero or negative is the

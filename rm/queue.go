@@ -347,9 +347,7 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 // whatever became of ctx; the answer holds the delivery when a message was
 // handed to it first.
 func (q *Queues) withdraw(ctx context.Context, ns, queue, req string) (*fsm.Result, error) {
-	cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
-	defer cancel()
-	return q.store.Propose(cctx, &fsm.Command{Op: fsm.OpQCancel,
+	return proposeDetached(ctx, q.store, &fsm.Command{Op: fsm.OpQCancel,
 		QCancel: &fsm.QueueCancelCmd{Namespace: ns, Queue: queue, RequestID: req}})
 }
 

@@ -132,9 +132,9 @@ func (r *refusal) Unwrap() error { return r.err }
 
 // fanout sends a final decision to every island that has not applied it
 // and records which did; the settled islands hold nothing for it and are
-// recorded without being sent anything. It answers txn_fanout_failed when an island is
-// still missing after the retries; the decision stays recorded and the
-// leader's resolver keeps replaying it.
+// recorded without being sent anything. It answers txn_fanout_failed when
+// an island is still missing after the retries; the decision stays
+// recorded and the leader's resolver keeps replaying it.
 func (c *Coordinator) fanout(ctx context.Context, info *fsm.TxnInfo, settled ...string) error {
 	if info.State == fsm.TxnPending || info.Home != "" {
 		return nil
