@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/pprof"
+	"path"
 	"strconv"
 	"strings"
 	"time"
@@ -143,10 +144,30 @@ func New(o Options) http.Handler {
 		route("", "/debug/pprof/symbol", serve(http.HandlerFunc(pprof.Symbol)))
 		route("", "/debug/pprof/trace", serve(http.HandlerFunc(pprof.Trace)))
 	}
-	mux.Handle("/", h.wrap("other", "", func(w http.ResponseWriter, r *http.Request) error {
+	unknown := h.wrap("other", "", func(w http.ResponseWriter, r *http.Request) error {
 		return errcode.NotFound.With("no endpoint %s", r.URL.Path)
-	}))
-	return mux
+	})
+	mux.Handle("/", unknown)
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// ServeMux would redirect a path with empty, "." or ".." segments
+		// to its clean form; no endpoint has such a path, so it is an
+		// unknown endpoint like any other.
+		if !cleanPath(r.URL.Path) {
+			unknown.ServeHTTP(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
+}
+
+// cleanPath reports whether p is a rooted path without empty, "." or ".."
+// segments (a trailing slash aside).
+func cleanPath(p string) bool {
+	if !strings.HasPrefix(p, "/") {
+		return false
+	}
+	c := path.Clean(p)
+	return c == p || c+"/" == p
 }
 
 // serve adapts a plain handler to the wrapped form.

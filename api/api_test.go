@@ -255,6 +255,10 @@ func TestAcquireRejectsBadInput(t *testing.T) {
 	}
 	wantErr(t, e.do(http.MethodGet, "/v1/acquire", nil, ""), 405, "method_not_allowed")
 	wantErr(t, e.do(http.MethodGet, "/v1/nope", nil, ""), 404, "not_found")
+	// A path that is not in its clean form names no endpoint: no redirect.
+	for _, p := range []string{"//v1/acquire", "/v1//acquire", "/v1/./acquire", "/x/../v1/acquire"} {
+		wantErr(t, e.do(http.MethodPost, p, nil, `{"key":"a","owner":"o"}`), 404, "not_found")
+	}
 }
 
 func TestContendedAcquire(t *testing.T) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strconv"
@@ -52,6 +54,7 @@ var statusOf = map[string]int{
 	errcode.BlockNotOnTip.Code:        http.StatusConflict,
 	errcode.BlockRejected.Code:        http.StatusConflict,
 	errcode.BlockRollbackWindow.Code:  http.StatusConflict,
+	errcode.TLSRequired.Code:          http.StatusBadRequest,
 	errcode.CertificateRequired.Code:  http.StatusUnauthorized,
 	errcode.CertificateUntrusted.Code: http.StatusUnauthorized,
 	errcode.CertificateExpired.Code:   http.StatusUnauthorized,
@@ -144,6 +147,20 @@ func writeError(ctx context.Context, w http.ResponseWriter, err error, log *slog
 		w.Header().Set("Retry-After", strconv.FormatInt(e.RetryAfter, 10))
 	}
 	writeJSON(w, StatusOf(e.Code), e)
+}
+
+// WriteRawError writes e as a complete HTTP/1.1 response that closes the
+// connection, for a connection no http.Server serves (a plain-HTTP request
+// on the TLS port).
+func WriteRawError(w io.Writer, e *errcode.Error) error {
+	body, err := json.Marshal(e)
+	if err != nil {
+		return fmt.Errorf("api: encode error: %w", err)
+	}
+	status := StatusOf(e.Code)
+	_, err = fmt.Fprintf(w, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s\n",
+		status, http.StatusText(status), len(body)+1, body)
+	return err
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

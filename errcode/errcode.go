@@ -9,6 +9,7 @@ package errcode
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // Error is a rejection with a stable code. It is a value that can be copied,
@@ -75,7 +76,16 @@ func Code(err error) string {
 	return ""
 }
 
-func code(c string) *Error { return &Error{Code: c} }
+func code(c string) *Error {
+	all = append(all, c)
+	return &Error{Code: c}
+}
+
+// all lists every code of this package, in declaration order.
+var all []string
+
+// All returns every code this package defines.
+func All() []string { return slices.Clone(all) }
 
 // Request shape.
 var (
@@ -103,6 +113,7 @@ var (
 	InvalidParams      = code("invalid_params")
 	NotFound           = code("not_found")
 	MethodNotAllowed   = code("method_not_allowed")
+	TLSRequired        = code("tls_required") // a plain-HTTP request reached a port that speaks TLS
 )
 
 // Cluster administration.

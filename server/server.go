@@ -165,7 +165,7 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 		return nil, fmt.Errorf("server: listen %s: %w", cfg.Listen, err)
 	}
 	if src != nil {
-		ln = tls.NewListener(ln, src.APIConfig())
+		ln = tls.NewListener(plainHTTPGuard{ln}, src.APIConfig())
 	}
 	defer func() {
 		if err != nil {

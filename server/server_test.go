@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"io/fs"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -304,5 +306,28 @@ func TestLeaseKeepsItsRemainingTTLAcrossRestart(t *testing.T) {
 	}
 	if next.FencingToken != l.FencingToken+1 {
 		t.Fatalf("token after restart %d, want %d", next.FencingToken, l.FencingToken+1)
+	}
+}
+
+func TestPlainHTTPOnTheTLSPortGetsAJSONError(t *testing.T) {
+	srv := testutil.StartServer(t, testutil.Config(t, t.TempDir()))
+	plain := strings.Replace(srv.URL(), "https://", "http://", 1)
+	res, err := http.Post(plain+"/v1/acquire", "application/json", strings.NewReader(`{"key":"k","owner":"o"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	var env errcode.Error
+	if err := json.NewDecoder(res.Body).Decode(&env); err != nil {
+		t.Fatalf("decode: %v", err)
+	}
+	if res.StatusCode != http.StatusBadRequest || env.Code != errcode.TLSRequired.Code ||
+		res.Header.Get("Content-Type") != "application/json" {
+		t.Fatalf("status %d, %s, %+v", res.StatusCode, res.Header.Get("Content-Type"), env)
+	}
+	// TLS clients are served as before.
+	c := testutil.Client(t, srv.URL(), client.WithRetry(0))
+	if _, err := c.Acquire(context.Background(), wire.AcquireRequest{Key: "k", Owner: "a", TTLSeconds: 60}); err != nil {
+		t.Fatal(err)
 	}
 }
