@@ -149,38 +149,51 @@ func (r *Resolver) round(ctx context.Context, backoff map[string]retry) (next ti
 	if err != nil {
 		return now.Add(r.interval)
 	}
-	work := func(key string, fn func() error) {
-		if err := fn(); err != nil {
-			b := backoff[key]
-			b.delay = min(max(b.delay*2, r.c.cfg.FanoutBaseDelay), time.Minute)
-			b.at = r.c.clock.Now().Add(b.delay)
-			backoff[key] = b
-			plan(b.at)
-			if ctx.Err() == nil {
-				r.c.cfg.Logger.Warn("transaction not finished yet; retrying", "work", key, "retry_in", b.delay, "error", err)
-			}
-			return
-		}
-		delete(backoff, key)
+	// The work runs at once, so that an island that does not answer holds
+	// up only the work it is part of; the backoff is settled afterwards.
+	type job struct {
+		key string
+		do  func() error
 	}
+	var jobs []job
 	for _, id := range fan {
-		work("fanout/"+id, func() error {
+		jobs = append(jobs, job{"fanout/" + id, func() error {
 			rec, err := r.c.record(ctx, id)
 			if err != nil || rec == nil {
 				return err
 			}
 			return r.c.fanout(ctx, recordInfo(rec))
-		})
+		}})
 	}
 	for _, id := range doubt {
-		work("doubt/"+id, func() error {
+		jobs = append(jobs, job{"doubt/" + id, func() error {
 			rec, err := r.c.record(ctx, id)
 			if err != nil || rec == nil || rec.State != fsm.TxnPending || rec.Home == "" {
 				return err
 			}
 			_, err = r.c.resolveDoubt(ctx, rec)
 			return err
-		})
+		}})
+	}
+	errs := make([]error, len(jobs))
+	var wg sync.WaitGroup
+	for i, j := range jobs {
+		wg.Go(func() { errs[i] = j.do() })
+	}
+	wg.Wait()
+	for i, j := range jobs {
+		if errs[i] == nil {
+			delete(backoff, j.key)
+			continue
+		}
+		b := backoff[j.key]
+		b.delay = min(max(b.delay*2, r.c.cfg.FanoutBaseDelay), time.Minute)
+		b.at = r.c.clock.Now().Add(b.delay)
+		backoff[j.key] = b
+		plan(b.at)
+		if ctx.Err() == nil {
+			r.c.cfg.Logger.Warn("transaction not finished yet; retrying", "work", j.key, "retry_in", b.delay, "error", errs[i])
+		}
 	}
 	if hasDoubt && nextDoubt > now.UnixMilli() {
 		plan(time.UnixMilli(nextDoubt))
@@ -287,20 +300,16 @@ func (c *Coordinator) SyncRegistry(ctx context.Context) error {
 	}
 	// Introduce this island to the configured peers, and everything it
 	// knows to every island it knows (anti-entropy: an island that joined
-	// later learns the others from the first island it talks to).
-	var firstErr error
-	push := func(at string, backend string, eps []string) {
-		for _, ep := range eps {
-			actx, cancel := context.WithTimeout(ctx, c.cfg.FanoutTimeout)
-			_, err := c.remote.Register(actx, at, wire.TCRMRegisterRequest{BackendHash: backend, Endpoint: ep}, false)
-			cancel()
-			if err != nil && firstErr == nil && !isReplicationPartial(err) {
-				firstErr = err
-			}
-		}
+	// later learns the others from the first island it talks to). Each
+	// island is told in turn, the islands all at once: one that does not
+	// answer delays no other.
+	type intro struct {
+		backend string
+		eps     []string
 	}
+	tell := map[string][]intro{}
 	for _, peer := range c.cfg.Peers {
-		push(peer, self, mine)
+		tell[peer] = append(tell[peer], intro{self, mine})
 	}
 	if rms, err = c.RMs(ctx); err != nil {
 		return err
@@ -312,11 +321,32 @@ func (c *Coordinator) SyncRegistry(ctx context.Context) error {
 		at := rms[to].Endpoints[0]
 		for _, b := range sortedKeys(rms) {
 			if b != to {
-				push(at, b, rms[b].Endpoints)
+				tell[at] = append(tell[at], intro{b, rms[b].Endpoints})
 			}
 		}
 	}
-	return firstErr
+	errs := eachIsland(sortedKeys(tell), func(at string) error {
+		var first error
+		for _, in := range tell[at] {
+			for _, ep := range in.eps {
+				actx, cancel := context.WithTimeout(ctx, c.cfg.FanoutTimeout)
+				_, err := c.remote.Register(actx, at, wire.TCRMRegisterRequest{BackendHash: in.backend, Endpoint: ep}, false)
+				cancel()
+				switch {
+				case err == nil, isReplicationPartial(err):
+				case transient(unwrapEnvelope(err)):
+					return err // it does not answer: telling it more would only wait longer
+				case first == nil:
+					first = err
+				}
+			}
+		}
+		return first
+	})
+	if failed := sortedKeys(errs); len(failed) > 0 {
+		return errs[failed[0]]
+	}
+	return nil
 }
 
 // isReplicationPartial reports a peer that recorded a registration but

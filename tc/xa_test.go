@@ -4,10 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -820,4 +822,86 @@ func TestReleaseWhileTheCoordinatorIsDown(t *testing.T) {
 		t.Fatal("the release did not commit on both islands")
 	}
 	clean(t, a, b)
+}
+
+// The leader's resolver replays to every island at once: an island whose
+// link stalls (every call to it waits out the fan-out timeout) holds up
+// only the decisions it is part of, not the replay to an island that has
+// come back.
+func TestAStalledIslandDoesNotHoldUpReplaysToOthers(t *testing.T) {
+	const stalled = 8
+	a, c := startIsland(t, "a"), startIsland(t, "c")
+	bAddr := testutil.FreeAddr(t)
+	link := testutil.NewProxy(t, bAddr)
+	b := startIsland(t, "b", func(cfg *config.Server) { cfg.Listen, cfg.APIAdvertise = bAddr, link.URL() })
+	b.url = link.URL()
+	register(t, a, b, c)
+	ctx := context.Background()
+	prepare := func(other *island, i int) string {
+		txn := xid.New().String()
+		ka, ko := fmt.Sprintf("ka%d", i), fmt.Sprintf("k%s%d", other.name, i)
+		la, lo := acquire(t, a.client(), ka, txn, "w"), acquire(t, other.client(), ko, txn, "w")
+		stage(t, la, `{"v":1}`)
+		stage(t, lo, `{"v":1}`)
+		if _, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStatePending,
+			Participants: []wire.TxnParticipant{part(ka, a), part(ko, other)}}); err != nil {
+			t.Fatalf("prepare %s: %v", txn, err)
+		}
+		return txn
+	}
+	var toB []string
+	for i := range stalled {
+		toB = append(toB, prepare(b, i))
+	}
+	toC := prepare(c, stalled)
+
+	// b's link stalls and c goes down; the commits are recorded (b's
+	// first, so that the resolver meets them first) and not applied there.
+	link.Hold()
+	c.stop()
+	var wg sync.WaitGroup
+	errs := make([]error, len(toB))
+	for i, txn := range toB {
+		wg.Go(func() {
+			_, errs[i] = a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateCommit})
+		})
+	}
+	testutil.WaitFor(t, 10*time.Second, "b's commits to be recorded", func() bool {
+		for _, txn := range toB {
+			if r := a.record(txn); r == nil || r.State != fsm.TxnCommit {
+				return false
+			}
+		}
+		return true
+	})
+	_, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: toC, State: wire.TxnStateCommit})
+	wantCode(t, err, http.StatusBadGateway, "txn_fanout_failed")
+	wg.Wait()
+	for _, err := range errs {
+		wantCode(t, err, http.StatusBadGateway, "txn_fanout_failed")
+	}
+
+	// Each replay to b waits out its attempts (3 x 1s); one after the
+	// other, eight of them would keep c waiting for half a minute.
+	c.start()
+	start := time.Now()
+	testutil.WaitFor(t, 12*time.Second, "the resolver to replay the commit on c while b stalls", func() bool {
+		r := c.record(toC)
+		return r != nil && r.State == fsm.TxnCommit
+	})
+	t.Logf("replayed on c %s after it came back", time.Since(start).Round(time.Millisecond))
+	if r := b.record(toB[0]); r == nil || r.State != fsm.TxnPending {
+		t.Fatalf("b applied through a stalled link: %+v", r)
+	}
+
+	link.Release()
+	testutil.WaitFor(t, 30*time.Second, "the resolver to replay every commit on b once its link flows", func() bool {
+		for _, txn := range toB {
+			if r := b.record(txn); r == nil || r.State != fsm.TxnCommit {
+				return false
+			}
+		}
+		return true
+	})
+	clean(t, a, b, c)
 }
