@@ -29,6 +29,9 @@ func (h hclogToSlog) Write(p []byte) (int, error) {
 			level = slog.LevelError
 		}
 		msg, _ := rec["@message"].(string)
+		if level == slog.LevelError && routine(msg, rec["error"]) {
+			level = slog.LevelDebug
+		}
 		attrs := []any{}
 		for k, v := range rec {
 			if !strings.HasPrefix(k, "@") {
@@ -38,4 +41,18 @@ func (h hclogToSlog) Write(p []byte) (int, error) {
 		h.log.Log(context.Background(), level, msg, attrs...)
 	}
 	return len(p), nil
+}
+
+// routine reports an error line that only says this node closed something
+// itself: raft reading from a connection the node closed while stopping,
+// autopilot's work cut short when leadership ends.
+func routine(msg string, err any) bool {
+	e, _ := err.(string)
+	switch msg {
+	case "failed to decode incoming command":
+		return strings.HasSuffix(e, "use of closed network connection") || e == "transport shutdown"
+	case "Error when computing next state":
+		return e == context.Canceled.Error()
+	}
+	return false
 }
