@@ -905,3 +905,40 @@ func TestAStalledIslandDoesNotHoldUpReplaysToOthers(t *testing.T) {
 	})
 	clean(t, a, b, c)
 }
+
+// The registry's anti-entropy tells every island at once: an island that
+// does not answer (each call waits out the fan-out timeout) does not keep
+// the others from learning of a new island.
+func TestAStalledIslandDoesNotHoldUpTheRegistry(t *testing.T) {
+	bAddr := testutil.FreeAddr(t)
+	link := testutil.NewProxy(t, bAddr)
+	b := startIsland(t, "b", func(cfg *config.Server) { cfg.Listen = bAddr })
+	link.Hold()
+	c := startIsland(t, "c")
+	// a introduces itself to its configured peers, the one behind the
+	// stalled link first; c learns of a only that way.
+	a := startIsland(t, "a", func(cfg *config.Server) {
+		cfg.TCPeers = []string{link.URL(), c.url}
+		cfg.TCFanoutTimeout = 5 * time.Second
+	})
+	// An island a learns of (b, directly) starts its next round at once.
+	start := time.Now()
+	if _, err := a.client().RMRegister(context.Background(), wire.TCRMRegisterRequest{BackendHash: b.hash(), Endpoint: b.url}, false); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 4*time.Second, "c to learn of a while the link to b stalls", func() bool {
+		list, err := c.client().RMList(context.Background())
+		if err != nil {
+			return false
+		}
+		for _, e := range list.Backends {
+			if e.BackendHash == a.hash() {
+				return true
+			}
+		}
+		return false
+	})
+	t.Logf("c learned of a %s after a learned of b", time.Since(start).Round(time.Millisecond))
+	testutil.WaitFor(t, 5*time.Second, "a's call through the stalled link", func() bool { return link.Held() > 0 })
+	link.Release()
+}
