@@ -62,8 +62,7 @@ func TestStatefulDequeueLeavesAClaimedSidecarAlone(t *testing.T) {
 		t.Fatalf("not queued: %+v", r)
 	}
 	h.now += 2_000 // the lease expired; no sweep ran yet
-	c := deq("q", "r3", 0)
-	c.Dequeue.WithState, c.Dequeue.StateLease, c.Dequeue.StateTxn = true, "sl-r3", "ts"
+	c := statefulDeq("q", "r3", "sl-r3", "ts")
 	wantCode(t, h.one(c), errcode.Waiting)
 	if st := h.stats("q"); st.Ready != 1 {
 		t.Fatalf("the message must stay ready: %+v", st)

@@ -296,9 +296,16 @@ func (s *applyState) storeMessage(k []byte, m *Message) { s.putJSON(bucketQMsgs,
 
 // settle files message m (already stored or about to be) where it belongs
 // now: held by a lease or a delay (q_vis), or ready, in which case the
-// queue's first waiting consumer gets it in this same step.
-func (s *applyState) settle(ns, queue string, k []byte, m *Message) {
+// queue's first waiting consumer gets it in this same step. A message that
+// is neither leased nor staged and whose time to live has passed is dropped
+// instead; settle then reports false.
+func (s *applyState) settle(ns, queue string, k []byte, m *Message) bool {
 	if m.ExpiresAt != 0 && m.Lease == nil && m.StagedBy == "" {
+		if m.ExpiresAt <= s.now {
+			// Its time ran out while it was leased or staged.
+			s.dropMessage(k, m)
+			return false
+		}
 		// The sweep drops the message once it is due (it set a leased or
 		// staged message's entry aside until now).
 		s.put(bucketQTTL, timerKey(m.ExpiresAt, k), nil)
@@ -312,9 +319,10 @@ func (s *applyState) settle(ns, queue string, k []byte, m *Message) {
 		s.put(bucketQReady, seqKey(queueID(ns, queue), m.Seq), []byte(m.ID))
 		s.storeMessage(k, m)
 		s.handToWaiter(ns, queue)
-		return
+		return true
 	}
 	s.storeMessage(k, m)
+	return true
 }
 
 func (m *Message) leaseEnd() int64 {
@@ -432,9 +440,14 @@ func (s *applyState) firstReady(qid []byte) ([]byte, string) {
 // full, a sidecar held by someone else).
 func (s *applyState) deliverable(ns, queue, id string, w QueueWaiter) *errcode.Error {
 	if w.WithState {
-		// An expired lease nobody swept yet is no obstacle, unless acquirers
-		// wait for the key: ending it would hand the sidecar to the first.
-		if rec := s.keyRecord(keyOf(ns, StateKey(queue, id))); rec.Lease != nil && (rec.Lease.ExpiresAt > s.now || rec.Waiters > 0) {
+		// A lease is an obstacle until it ends. One that outlived its
+		// transaction's decision is not: deliver frees the key. An expired
+		// one whose transaction is undecided is, until the sweep rolls that
+		// transaction back as a whole (or, prepared for another island's
+		// coordinator, until the coordinator decides): ending the lease here
+		// would drop the transaction's write to the sidecar and leave the
+		// rest of it free to commit.
+		if rec := s.keyRecord(keyOf(ns, StateKey(queue, id))); rec.Lease != nil && s.leaseHolds(&rec) {
 			e := errcode.Waiting.With("the state sidecar of message %s is held by %s", id, rec.Lease.Owner)
 			e.RetryAfter = retryAfter(&rec, s.now)
 			return e
@@ -447,6 +460,17 @@ func (s *applyState) deliverable(ns, queue, id string, w QueueWaiter) *errcode.E
 		}
 	}
 	return nil
+}
+
+// leaseHolds reports whether the lease of rec still keeps its key from others:
+// it has not run out, acquirers wait for the key (ending it hands the key to
+// the first), or its transaction is undecided.
+func (s *applyState) leaseHolds(rec *KeyRecord) bool {
+	if rec.Lease.ExpiresAt > s.now || rec.Waiters > 0 {
+		return true
+	}
+	t := s.txn(rec.Lease.TxnID)
+	return t != nil && t.State == TxnPending
 }
 
 // deliver leases ready message id to w: a new fencing token, the lease until
@@ -483,9 +507,9 @@ func (s *applyState) deliver(ns, queue, id string, w QueueWaiter) *MessageInfo {
 		sk := keyOf(ns, StateKey(queue, id))
 		rec := s.keyRecord(sk)
 		if rec.Lease != nil {
-			// An expired lease nobody swept yet (deliverable refused a live
-			// one): it ends, its holder's staged write with it.
-			s.endLease(sk, &rec)
+			// A lease outliving its transaction's decision (deliverable
+			// refused any other).
+			s.releaseLease(sk, &rec)
 			rec = s.keyRecord(sk)
 		}
 		if rec.Lease == nil {
@@ -697,6 +721,7 @@ type deliveryEnd struct {
 	Token      int64  `json:"token"`
 	Acked      bool   `json:"acked,omitempty"`
 	DeadLetter string `json:"dead_letter,omitempty"` // moved there (a nack, or an expiry, past max attempts)
+	Dropped    bool   `json:"dropped,omitempty"`     // its time to live had passed
 }
 
 func endedKey(k []byte, leaseID string) []byte {
@@ -745,7 +770,7 @@ func (s *applyState) queueNack(c *QueueNackCmd) *Result {
 	if fin != nil {
 		if end, ok := s.deliveryEnded(c.MessageRef); ok && !end.Acked {
 			// A retry: answered with where the first attempt put the message.
-			return &Result{Released: true, Queue: &QueueResult{Requeued: end.DeadLetter == "", DeadLetter: end.DeadLetter}}
+			return &Result{Released: true, Queue: &QueueResult{Requeued: end.DeadLetter == "" && !end.Dropped, DeadLetter: end.DeadLetter}}
 		}
 		return fin
 	}
@@ -754,7 +779,7 @@ func (s *applyState) queueNack(c *QueueNackCmd) *Result {
 		res := s.queueOutcome(c.Namespace, c.Queue, k)
 		return &Result{Released: true, Queue: res}
 	}
-	res := s.requeue(c.Namespace, c.Queue, k, m, !c.Defer, c.Delay, c.LastError)
+	res := s.requeue(c.Namespace, c.Queue, k, m, true, !c.Defer, c.Delay, c.LastError)
 	return &Result{Released: true, Queue: res}
 }
 
@@ -763,19 +788,29 @@ func (s *applyState) queueOutcome(ns, queue string, k []byte) *QueueResult {
 	if m := s.message(k); m != nil {
 		return &QueueResult{Requeued: true, Message: messageInfo(ns, queue, m)}
 	}
-	return &QueueResult{DeadLetter: queue + DeadLetterSuffix}
+	_, _, id := splitMsgKey(k)
+	if dlq := queue + DeadLetterSuffix; s.message(msgKey(ns, dlq, id)) != nil {
+		return &QueueResult{DeadLetter: dlq}
+	}
+	return &QueueResult{} // dropped: its time to live had passed
 }
 
 // requeue ends a delivery: the message is ready again after delay, or, when
 // the delivery failed for the last allowed time, moves to the dead-letter
-// queue. A sidecar keeps the updates the consumer staged.
-func (s *applyState) requeue(ns, queue string, k []byte, m *Message, failed bool, delay int64, lastError json.RawMessage) *QueueResult {
+// queue. A sidecar keeps the updates the consumer staged when it ended the
+// delivery itself (nacked), and drops them when the delivery's lease ran out.
+func (s *applyState) requeue(ns, queue string, k []byte, m *Message, nacked, failed bool, delay int64, lastError json.RawMessage) *QueueResult {
 	s.unsettle(ns, queue, k, m)
 	if m.Lease != nil && m.Lease.State {
 		sk := keyOf(ns, StateKey(queue, m.ID))
 		if rec := s.keyRecord(sk); rec.Lease != nil && rec.Lease.ID == m.Lease.StateID && rec.Lease.TxnID != m.Lease.TxnID {
-			// The sidecar's own transaction commits the consumer's updates.
-			s.decide(rec.Lease.TxnID, true, ReasonRelease)
+			// The sidecar's own transaction, which may outlive the delivery
+			// (a keepalive of the sidecar's lease).
+			if nacked {
+				s.decide(rec.Lease.TxnID, true, ReasonRelease)
+			} else {
+				s.decide(rec.Lease.TxnID, false, ReasonExpired)
+			}
 		}
 	}
 	lease := m.Lease
@@ -803,11 +838,17 @@ func (s *applyState) requeue(ns, queue string, k []byte, m *Message, failed bool
 			s.put(bucketQTTL, timerKey(m.ExpiresAt, dk), nil)
 		}
 		s.put(bucketQBodies, dk, body)
-		s.settle(ns, dlq, dk, m)
+		if !s.settle(ns, dlq, dk, m) {
+			s.endDelivery(k, lease, deliveryEnd{Dropped: true})
+			return &QueueResult{}
+		}
 		s.endDelivery(k, lease, deliveryEnd{DeadLetter: dlq})
 		return &QueueResult{DeadLetter: dlq, Message: messageInfo(ns, dlq, m)}
 	}
-	s.settle(ns, queue, k, m)
+	if !s.settle(ns, queue, k, m) {
+		s.endDelivery(k, lease, deliveryEnd{Dropped: true})
+		return &QueueResult{}
+	}
 	s.endDelivery(k, lease, deliveryEnd{})
 	return &QueueResult{Requeued: true, Message: messageInfo(ns, queue, m)}
 }
@@ -903,7 +944,7 @@ func (s *applyState) sweepQueues(budget int, retention int64, res *SweepResult) 
 				continue
 			}
 		}
-		s.requeue(ns, queue, k, m, true, 0, nil)
+		s.requeue(ns, queue, k, m, false, true, 0, nil)
 	}
 	for _, tk := range s.dueKeys(bucketQTTL, s.now, max(budget, 0)) {
 		budget--
@@ -1003,7 +1044,7 @@ func (r queueResource) finish(txn string, commit bool) {
 	case m.Lease != nil && m.Lease.TxnID == txn && commit:
 		r.s.ack(r.ns, r.queue, r.k, m)
 	case m.Lease != nil && m.Lease.TxnID == txn:
-		r.s.requeue(r.ns, r.queue, r.k, m, true, 0, nil)
+		r.s.requeue(r.ns, r.queue, r.k, m, false, true, 0, nil)
 	}
 }
 

@@ -180,8 +180,7 @@ func TestMessageTTL(t *testing.T) {
 func TestStatefulDeliveries(t *testing.T) {
 	h := openHarness(t, t.TempDir())
 	h.one(enq("q", "m1", "x"))
-	c := deq("q", "r1", 0)
-	c.Dequeue.WithState, c.Dequeue.StateLease, c.Dequeue.StateTxn = true, "sl-1", "st-1"
+	c := statefulDeq("q", "r1", "sl-1", "st-1")
 	m := mustDeliver(t, h.one(c))
 	if m.State == nil || m.State.Key != StateKey("q", "m1") || m.State.LeaseID != "sl-1" {
 		t.Fatalf("state lease: %+v", m.State)
@@ -191,8 +190,7 @@ func TestStatefulDeliveries(t *testing.T) {
 	if d := h.publicDoc(StateKey("q", "m1")); string(d.Bytes) != `{"step":1}` {
 		t.Fatalf("nack must keep the sidecar: %q", d.Bytes)
 	}
-	c = deq("q", "r2", 0)
-	c.Dequeue.WithState, c.Dequeue.StateLease, c.Dequeue.StateTxn = true, "sl-2", "st-2"
+	c = statefulDeq("q", "r2", "sl-2", "st-2")
 	m = mustDeliver(t, h.one(c))
 	h.one(update(m.State, `{"step":2}`))
 	if r := h.one(&Command{Op: OpQAck, QAck: &QueueAckCmd{MessageRef: ref(m)}}); r.Err != nil {
@@ -223,8 +221,7 @@ func TestStatefulDeliveryInATransaction(t *testing.T) {
 		return m
 	}
 	// A first, plain stateful delivery commits a sidecar document.
-	c := deq("q", "r0", 0)
-	c.Dequeue.WithState, c.Dequeue.StateLease, c.Dequeue.StateTxn = true, "sl-r0", "st-0"
+	c := statefulDeq("q", "r0", "sl-r0", "st-0")
 	m := mustDeliver(t, h.one(c))
 	h.one(update(m.State, `{"step":0}`))
 	h.one(&Command{Op: OpQNack, QNack: &QueueNackCmd{MessageRef: ref(m), Defer: true}})
@@ -398,8 +395,7 @@ func TestStatefulDeliveryLeavesAHeldSidecarAlone(t *testing.T) {
 	h := openHarness(t, t.TempDir())
 	h.one(enq("q", "m1", "b"))
 	held := mustLease(t, h.one(acq(StateKey("q", "m1"), "tout", "o1", 60_000, 0)))
-	c := deq("q", "r1", 0)
-	c.Dequeue.WithState, c.Dequeue.StateLease, c.Dequeue.StateTxn = true, "sl", "st"
+	c := statefulDeq("q", "r1", "sl", "st")
 	wantCode(t, h.one(c), errcode.Waiting)
 	var rec KeyRecord
 	_ = h.f.View(func(v *View) error { rec, _ = v.Key("default", StateKey("q", "m1")); return nil })
@@ -412,6 +408,159 @@ func TestStatefulDeliveryLeavesAHeldSidecarAlone(t *testing.T) {
 	_ = h.f.View(func(v *View) error { rec, _ = v.Key("default", StateKey("q", "m1")); return nil })
 	if rec.Lease == nil || rec.Lease.ID != held.LeaseID {
 		t.Fatalf("an ack touched a sidecar it did not hold: %+v", rec.Lease)
+	}
+}
+
+func statefulDeq(queue, req, lease, txn string) *Command {
+	c := deq(queue, req, 0)
+	c.Dequeue.WithState, c.Dequeue.StateLease, c.Dequeue.StateTxn = true, lease, txn
+	return c
+}
+
+// A sidecar lease that ran out and was not swept yet still stands in a
+// stateful delivery's way while its transaction is undecided: ending it
+// there would drop the transaction's write to the sidecar and let the rest
+// of the transaction commit. The sweep rolls the transaction back as a
+// whole; the delivery then gets the sidecar.
+func TestStatefulDeliveryWaitsForAnExpiredSidecarHoldersDecision(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(enq("q", "m1", "x"))
+	ls := mustLease(t, h.one(acq(StateKey("q", "m1"), "tx", "a1", 1_000, 0)))
+	l2 := mustLease(t, h.one(acq("k2", "tx", "a2", 60_000, 0)))
+	h.one(update(ls, `{"s":1}`))
+	h.one(update(l2, `{"k2":1}`))
+	h.now += 1_500 // ls ran out; no sweep yet
+	wantCode(t, h.one(statefulDeq("q", "r1", "sl-1", "st-1")), errcode.Waiting)
+	wantCode(t, h.one(release(l2, false)), errcode.TxnRolledBack)
+	h.one(sweep())
+	if tr := txnOf(h, "tx"); tr == nil || tr.State != TxnRollback {
+		t.Fatalf("tx: %+v", tr)
+	}
+	if d := h.publicDoc("k2"); d.Exists {
+		t.Fatalf("part of a transaction with an expired lease committed: %q", d.Bytes)
+	}
+	m := mustDeliver(t, h.one(statefulDeq("q", "r2", "sl-2", "st-2")))
+	if m.State == nil || m.State.LeaseID != "sl-2" {
+		t.Fatalf("the delivery did not get the freed sidecar: %+v", m.State)
+	}
+	if n := stagedCount(h); n != 0 {
+		t.Fatalf("%d staged writes left", n)
+	}
+}
+
+// The same when the holder's transaction also staged an enqueue: the sweep
+// rolls it back with the rest, so nothing of it stays pending.
+func TestSweptSidecarHolderIsRolledBackWhole(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(enq("q", "m1", "x"))
+	mustLease(t, h.one(acq(StateKey("q", "m1"), "tx", "a1", 2_000, 0)))
+	if r := h.one(&Command{Op: OpEnqueue, Enqueue: &EnqueueCmd{Namespace: "default", Queue: "out", ID: "o1",
+		Visibility: 10_000, MaxAttempts: 2, TxnID: "tx", TxnTTL: 500, Payload: []byte("p")}}); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	h.now += 2_500
+	wantCode(t, h.one(statefulDeq("q", "r1", "sl-1", "st-1")), errcode.Waiting)
+	h.one(sweep())
+	if tr := txnOf(h, "tx"); tr == nil || tr.State != TxnRollback {
+		t.Fatalf("tx: %+v", tr)
+	}
+	if st := h.stats("out"); st.Staged+st.Ready != 0 {
+		t.Fatalf("the rolled-back enqueue is still there: %+v", st)
+	}
+	m := mustDeliver(t, h.one(statefulDeq("q", "r2", "sl-2", "st-2")))
+	h.one(ackCmd(ref(m)))
+	if n := stagedCount(h); n != 0 {
+		t.Fatalf("%d staged writes left", n)
+	}
+}
+
+// A sidecar locked by a transaction prepared for another island's
+// coordinator stays locked past its expiry until the coordinator decides,
+// also against a stateful delivery, and the coordinator's commit writes it.
+func TestStatefulDeliveryLeavesAPreparedSidecarAlone(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(&Command{Op: OpSetBackend, SetBackend: &SetBackendCmd{Hash: "here"}})
+	h.one(enq("q", "m1", "x"))
+	sk := StateKey("q", "m1")
+	ls := mustLease(t, h.one(acq(sk, "tx", "a1", 5_000, 0)))
+	h.one(update(ls, `{"prepared":true}`))
+	if r := h.one(&Command{Op: OpTxnPrepare, Prepare: &PrepareCmd{TxnID: "tx", Home: "far", Term: 1,
+		ExpiresAt: h.now + 10_000, LeaseID: "lx", Participants: []Participant{local(sk)}}}); r.Err != nil || r.Decision != TxnPending {
+		t.Fatalf("prepare: %+v", r)
+	}
+	h.now += 11_000
+	h.one(sweep()) // in doubt: the lock stays
+	wantCode(t, h.one(statefulDeq("q", "r1", "sl-1", "st-1")), errcode.Waiting)
+	if r := h.one(&Command{Op: OpTxnRMApply, RMApply: &RMApplyCmd{TxnID: "tx", State: TxnCommit, Home: "far", Term: 1,
+		Participants: []Participant{local(sk)}}}); r.Err != nil {
+		t.Fatalf("commit: %+v", r)
+	}
+	if d := h.publicDoc(sk); string(d.Bytes) != `{"prepared":true}` {
+		t.Fatalf("the prepared and committed write is lost: %q", d.Bytes)
+	}
+	mustDeliver(t, h.one(statefulDeq("q", "r2", "sl-2", "st-2")))
+}
+
+// When a stateful delivery's lease runs out while its sidecar's lease was
+// kept alive longer, what the consumer staged in the sidecar is dropped, as
+// on any expiry; only a nack keeps it.
+func TestExpiredStatefulDeliveryDropsWhatItStaged(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(enq("q", "m1", "x"))
+	c := statefulDeq("q", "r1", "sl-1", "st-1")
+	c.Dequeue.Visibility = 10_000
+	m := mustDeliver(t, h.one(c))
+	h.now += 5_000
+	if r := h.one(&Command{Op: OpKeepAlive, KeepAlive: &KeepAliveCmd{Namespace: "default", Key: m.State.Key,
+		LeaseID: m.State.LeaseID, TxnID: m.State.TxnID}}); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	h.one(update(m.State, `{"stale":true}`))
+	h.now += 5_000 // the delivery's lease ran out, the sidecar's has 5 s left
+	h.one(sweep())
+	if st := h.stats("q"); st.Ready != 1 {
+		t.Fatalf("the expired delivery is not back: %+v", st)
+	}
+	if d := h.publicDoc(StateKey("q", "m1")); d.Exists {
+		t.Fatalf("an expired delivery committed what it staged in the sidecar: %q", d.Bytes)
+	}
+	if tr := txnOf(h, "st-1"); tr == nil || tr.State != TxnRollback {
+		t.Fatalf("the sidecar's transaction: %+v", tr)
+	}
+	mustDeliver(t, h.one(statefulDeq("q", "r2", "sl-2", "st-2")))
+}
+
+// A message whose time to live passed while it was delivered is dropped
+// when the delivery ends, not handed to the next consumer; the nack says it
+// was not requeued, and so does its retry.
+func TestMessagePastItsTTLIsNotDeliveredAgain(t *testing.T) {
+	for _, txn := range []string{"", "tx"} {
+		t.Run("txn="+txn, func(t *testing.T) {
+			h := openHarness(t, t.TempDir())
+			c := enq("q", "m1", "b")
+			c.Enqueue.TTL = 5_000
+			h.one(c)
+			d := deq("q", "r1", 0)
+			d.Dequeue.TxnID = txn
+			m := mustDeliver(t, h.one(d))
+			h.now += 6_000
+			h.one(sweep())
+			h.one(deq("q", "w1", 30_000)) // a consumer waits
+			h.rec.events = nil
+			nack := &Command{Op: OpQNack, QNack: &QueueNackCmd{MessageRef: ref(m), Defer: true}}
+			for i := range 2 {
+				r := h.one(nack)
+				if r.Err != nil || r.Queue.Requeued || r.Queue.DeadLetter != "" {
+					t.Fatalf("nack %d: %+v %v", i, r.Queue, r.Err)
+				}
+			}
+			if e := events(h, EventDelivered)["w1"]; e != nil {
+				t.Fatalf("a message past its TTL was delivered: %+v", e.Message)
+			}
+			if st := h.stats("q"); st.Ready+st.InFlight+st.Delayed != 0 {
+				t.Fatalf("the message outlived its TTL: %+v", st)
+			}
+		})
 	}
 }
 
