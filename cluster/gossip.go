@@ -159,6 +159,7 @@ func startGossip(n *Node, cfg GossipConfig) (*gossip, error) {
 	}
 	mc.Delegate = g
 	mc.Events = g
+	mc.Ping = n.clocks
 	mc.Logger = log.New(memberlistLog{log: n.cfg.Logger.With("component", "gossip")}, "", 0)
 	if cfg.Tune != nil {
 		cfg.Tune(mc)

@@ -57,6 +57,9 @@ func newNodeMetrics(reg prometheus.Registerer, n *Node) *nodeMetrics {
 			func() float64 { return float64(n.raft.CommitIndex()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "raftlockd_raft_term", Help: "Current Raft term."},
 			func() float64 { return float64(n.raft.CurrentTerm()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "raftlockd_clock_offset_seconds",
+			Help: "How far the members' median clock, which stamps commands, is ahead of this node's clock."},
+			func() float64 { return n.clocks.Offset().Seconds() }),
 	)
 	return m
 }

@@ -30,7 +30,8 @@ import (
 	"github.com/raftlockd/raftlockd/fsm"
 )
 
-// Clock stamps commands with the leader's time.
+// Clock is this node's own clock. Commands are stamped with it as
+// corrected to the members' median (clocksync.go).
 type Clock interface{ Now() time.Time }
 
 type wallClock struct{}
@@ -133,6 +134,7 @@ type Node struct {
 	leader    atomic.Bool
 	readyTerm atomic.Uint64 // term whose first no-op is applied: reads are safe in it
 	stamps    stampClock
+	clocks    *clockSync // the members' median clock, which stamps commands
 	watchMu   sync.Mutex // guards watchers, onLeft and leaderCh; never held while calling out
 	watchers  []func(isLeader bool)
 	// callMu orders leadership deliveries: it is held while watchers are
@@ -180,6 +182,7 @@ func Open(cfg Config) (n *Node, err error) {
 			}
 		}
 	}()
+	n.clocks = newClockSync(cfg.Clock, cfg.Logger.With("component", "clock"))
 	n.metrics = newNodeMetrics(cfg.Registerer, n)
 	cfg.FSM.Logger = cfg.Logger
 	grants := newGrantPusher(n)
@@ -272,7 +275,7 @@ func Open(cfg Config) (n *Node, err error) {
 	// The state file keeps its own applied index; when it survived, raft
 	// must not overwrite it with an older snapshot on start.
 	rc.NoSnapshotRestoreOnStart = n.fsm.Trusted()
-	n.stamps.clock = cfg.Clock
+	n.stamps.clock = n.clocks
 	if err := raft.ValidateConfig(rc); err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}

@@ -236,8 +236,9 @@ func (n *Node) raftErr(err error) error {
 // even if the wall clock steps back.
 func (n *Node) Now() time.Time { return time.UnixMilli(n.stamps.peek(n.fsm.Now())) }
 
-// stampClock issues command timestamps (Unix ms): the wall clock, but never
-// less than the previous stamp plus the monotonic time elapsed since it.
+// stampClock issues command timestamps (Unix ms): the members' median clock
+// (clocksync.go), but never less than the replicated clock, nor than the
+// previous stamp plus the monotonic time elapsed since it.
 type stampClock struct {
 	mu     sync.Mutex
 	clock  Clock

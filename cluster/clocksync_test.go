@@ -1,0 +1,148 @@
+package cluster
+
+import (
+	"io"
+	"log/slog"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
+	"github.com/hashicorp/raft"
+)
+
+// skewedClock is a wall clock set off by an offset a test can change.
+type skewedClock struct{ off atomic.Int64 }
+
+func (c *skewedClock) Now() time.Time { return time.Now().Add(time.Duration(c.off.Load())) }
+
+func TestClockCorrectionIsTheMedianOfPeerOffsets(t *testing.T) {
+	c := newClockSync(&skewedClock{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	now := time.Now()
+	sample := func(off, rtt time.Duration, age time.Duration) clockSample {
+		return clockSample{offset: off, rtt: rtt, at: now.Add(-age)}
+	}
+	c.add("a", sample(-10*time.Second, time.Millisecond, 0))
+	if got := c.Offset(); got != 0 {
+		t.Fatalf("one peer is no majority to follow; correction %v", got)
+	}
+	c.add("b", sample(-10*time.Second+4*time.Millisecond, time.Millisecond, 0))
+	if got := c.Offset(); got != -10*time.Second+4*time.Millisecond {
+		t.Fatalf("both peers are 10s behind: correction %v", got)
+	}
+	// A probe delayed on the way is ignored while a faster one is recent.
+	c.add("b", sample(-12*time.Second, 40*time.Millisecond, 0))
+	if got := c.Offset(); got != -10*time.Second+4*time.Millisecond {
+		t.Fatalf("a slow probe moved the correction to %v", got)
+	}
+	// One peer far off moves nothing: the median is the node itself.
+	c.add("a", sample(15*time.Second, 0, 0))
+	if got := c.Offset(); got != 0 {
+		t.Fatalf("with peers at +15s and -10s the median is this node: correction %v", got)
+	}
+	// Four members: the mean of the middle two.
+	c.add("c", sample(2*time.Second, time.Millisecond, 0))
+	if got := c.Offset(); got != time.Second {
+		t.Fatalf("offsets 0, -10s, +2s, +15s: correction %v, want 1s", got)
+	}
+	// Peers not heard from lately no longer count.
+	c2 := newClockSync(&skewedClock{}, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	c2.add("a", sample(5*time.Second, time.Millisecond, clockSampleAge+time.Second))
+	c2.add("b", sample(5*time.Second, time.Millisecond, 0))
+	c2.add("c", sample(5*time.Second, time.Millisecond, 0))
+	if got := c2.Offset(); got != 5*time.Second {
+		t.Fatalf("correction %v, want 5s", got)
+	}
+	if len(c2.peers) != 2 {
+		t.Fatalf("a peer silent for longer than %v is still kept: %d peers", clockSampleAge, len(c2.peers))
+	}
+}
+
+func TestClockOffsetFromAProbe(t *testing.T) {
+	discard := slog.New(slog.NewTextHandler(io.Discard, nil))
+	var ahead skewedClock
+	ahead.off.Store(int64(3 * time.Second))
+	peer := newClockSync(&ahead, discard)
+	c := newClockSync(&skewedClock{}, discard)
+	c.NotifyPingComplete(&memberlist.Node{Name: "p"}, 2*time.Millisecond, peer.AckPayload())
+	c.NotifyPingComplete(&memberlist.Node{Name: "q"}, time.Millisecond, []byte("short"))
+	best, ok := c.peers["p"].best(time.Now())
+	if !ok || (best-3*time.Second).Abs() > 50*time.Millisecond {
+		t.Fatalf("offset of a peer 3s ahead measured as %v", best)
+	}
+	if _, ok := c.peers["q"]; ok {
+		t.Fatal("a probe without a clock reading was counted")
+	}
+}
+
+// Two of three nodes have clocks 10 s off, one ahead and one behind. Each
+// corrects its clock to the members' median, so reads and commands on any
+// node, leader or not, see the same time, and a lease keeps its remaining
+// time whichever of them leads next.
+func TestLeasesKeepTheirTimeWhenANodesClockIsOff(t *testing.T) {
+	first := gossipConfig(t, "n1", 3, nil)
+	join := []string{first.Gossip.Bind}
+	cfgs := []Config{first, gossipConfig(t, "n2", 3, join), gossipConfig(t, "n3", 3, join)}
+	clocks := map[string]*skewedClock{}
+	var nodes []*Node
+	for _, cfg := range cfgs {
+		c := &skewedClock{}
+		cfg.Clock, clocks[cfg.NodeID] = c, c
+		nodes = append(nodes, openNode(t, cfg))
+	}
+	byID := func(id string) *Node {
+		for _, n := range nodes {
+			if n.ID() == id {
+				return n
+			}
+		}
+		t.Fatalf("no node %s", id)
+		return nil
+	}
+	leadOn := func(id string) *Node {
+		t.Helper()
+		target := byID(id)
+		waitFor(t, 10*time.Second, id+" to lead", func() bool {
+			l := leaderOf(t, nodes)
+			if l == target {
+				return true
+			}
+			_ = l.raft.LeadershipTransferToServer(raft.ServerID(id), raft.ServerAddress(target.RaftAddr())).Error()
+			return leaderOf(t, nodes) == target
+		})
+		return target
+	}
+	leadOn("n1")
+	clocks["n2"].off.Store(int64(-10 * time.Second))
+	clocks["n3"].off.Store(int64(10 * time.Second))
+	off := func(n *Node) time.Duration { return n.Now().Sub(time.Now()) }
+	waitFor(t, 10*time.Second, "every node's time to agree with the median clock", func() bool {
+		for _, n := range nodes {
+			if off(n).Abs() > 250*time.Millisecond {
+				return false
+			}
+		}
+		return true
+	})
+	for id, want := range map[string]time.Duration{"n1": 0, "n2": 10 * time.Second, "n3": -10 * time.Second} {
+		if got := byID(id).clocks.Offset(); (got - want).Abs() > 250*time.Millisecond {
+			t.Fatalf("%s corrects its clock by %v, want %v", id, got, want)
+		}
+	}
+
+	lease := acquire(t, byID("n1"), "k")
+	granted := time.Now()
+	for _, id := range []string{"n3", "n2"} {
+		n := leadOn(id)
+		remaining := time.Duration(lease.ExpiresAt-n.Now().UnixMilli()) * time.Millisecond
+		want := 60*time.Second - time.Since(granted)
+		if (remaining - want).Abs() > 500*time.Millisecond {
+			t.Fatalf("with %s (clock %v off) leading, the lease has %v left, want about %v",
+				id, time.Duration(clocks[id].off.Load()), remaining, want)
+		}
+		acquire(t, n, "stamped-by-"+id)
+		if d := off(n); d.Abs() > 250*time.Millisecond {
+			t.Fatalf("%s stamps %v off real time", id, d)
+		}
+	}
+}
