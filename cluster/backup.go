@@ -20,7 +20,10 @@ import (
 
 // SnapshotInfo describes a saved snapshot.
 type SnapshotInfo struct {
-	Index uint64 // last log entry the snapshot covers
+	// Index is raft's index for the snapshot: it covers every entry up to
+	// it, and may hold later ones (the state file records its own applied
+	// index, which a restore uses).
+	Index uint64
 	Term  uint64
 	Size  int64 // bytes in the stream
 }

@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -44,6 +45,10 @@ type Options struct {
 	// "read /proc/sys/kernel/random/boot_id".
 	BootID string
 	Logger *slog.Logger
+
+	// mmapSize replaces defaultMmapSize; tests set it small to make bbolt
+	// remap the state file early.
+	mmapSize int
 }
 
 // FSM is the replicated state machine. It implements raft.BatchingFSM.
@@ -55,11 +60,13 @@ type FSM struct {
 	bootID    string
 	trusted   bool
 
-	mu sync.RWMutex // guards db against Restore swapping it
-	db *bolt.DB
-
-	snapMu sync.Mutex
-	snaps  map[*snapshot]struct{} // open snapshots: a Restore ends them
+	mu       sync.RWMutex // guards db against Restore and Reset swapping it
+	db       *bolt.DB
+	mmapSize int
+	// gen counts the times db was closed or replaced (Restore, Reset,
+	// Close); it changes only under mu's write lock. A snapshot persists
+	// only the state of the generation it was taken in.
+	gen atomic.Uint64
 
 	applied     atomic.Uint64
 	appliedTerm atomic.Uint64
@@ -131,7 +138,10 @@ func syncDir(dir string) error {
 // was discarded and the caller must let Raft restore the latest snapshot.
 func Open(path string, opts Options) (*FSM, error) {
 	f := &FSM{path: path, observers: opts.Observers, fatal: opts.Fatal, logger: opts.Logger,
-		bootID: opts.BootID, signal: make(chan struct{})}
+		bootID: opts.BootID, mmapSize: opts.mmapSize, signal: make(chan struct{})}
+	if f.mmapSize == 0 {
+		f.mmapSize = defaultMmapSize
+	}
 	if f.logger == nil {
 		f.logger = slog.Default()
 	}
@@ -160,7 +170,7 @@ func Open(path string, opts Options) (*FSM, error) {
 	if err := writeMarker(path, marker{Clean: false, BootID: f.bootID}); err != nil {
 		return nil, fmt.Errorf("fsm: write marker: %w", err)
 	}
-	db, err := openDB(path)
+	db, err := openDB(path, f.mmapSize)
 	if err != nil {
 		return nil, err
 	}
@@ -169,15 +179,24 @@ func Open(path string, opts Options) (*FSM, error) {
 	return f, nil
 }
 
-func openDB(path string) (*bolt.DB, error) {
+// defaultMmapSize is the address space the state file is mapped with:
+// 10 GiB on 64-bit platforms (as etcd maps its bbolt file), 1 GiB on 32-bit
+// ones. bbolt must remap the file when it grows past its mapping, and a
+// remap waits until every read transaction has ended; Persist holds one for
+// as long as it streams a snapshot, so an apply that needed a remap would
+// wait for the whole snapshot to be written. On Linux the mapping is address
+// space, not memory: only the pages of the file that are read take any.
+// Past this size the mapping grows by 1 GiB at a time, and an apply that
+// crosses such a step while a snapshot streams waits for it.
+const defaultMmapSize = (1 << 30) * (1 + 9*(strconv.IntSize/64))
+
+func openDB(path string, mmapSize int) (*bolt.DB, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{
-		Timeout:        time.Second,
-		NoSync:         true,
-		NoFreelistSync: true,
-		FreelistType:   bolt.FreelistMapType,
-		// A snapshot holds a read transaction while it streams; a large
-		// initial mapping keeps applies from waiting on a remap meanwhile.
-		InitialMmapSize: 1 << 30,
+		Timeout:         time.Second,
+		NoSync:          true,
+		NoFreelistSync:  true,
+		FreelistType:    bolt.FreelistMapType,
+		InitialMmapSize: mmapSize,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("fsm: open %s: %w", path, err)
@@ -240,13 +259,14 @@ func (f *FSM) Now() int64 { return f.now.Load() }
 func (f *FSM) Reset() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.gen.Add(1)
 	if err := f.db.Close(); err != nil {
 		return fmt.Errorf("fsm: reset: %w", err)
 	}
 	if err := os.Remove(f.path); err != nil {
 		return fmt.Errorf("fsm: reset: %w", err)
 	}
-	db, err := openDB(f.path)
+	db, err := openDB(f.path, f.mmapSize)
 	if err != nil {
 		return err
 	}
@@ -374,81 +394,116 @@ func (f *FSM) View(fn func(v *View) error) (err error) {
 	})
 }
 
-// Snapshot captures the state as of the last applied entry. raft calls it on
-// the apply goroutine; the returned snapshot streams a read transaction, so
-// applies continue while it is persisted.
+// Snapshot records the index of the last applied entry and the state
+// file's generation; it reads nothing. raft calls it on the apply
+// goroutine, then asks its main loop for the configuration and only then
+// calls Persist on its snapshot goroutine. A read transaction held in
+// between would deadlock: an apply that makes bbolt remap the growing file
+// waits for every read transaction to end, raft's main loop waits to hand
+// the apply goroutine more entries, and the snapshot goroutine waits for the
+// main loop. So Persist opens the read transaction itself.
 func (f *FSM) Snapshot() (raft.FSMSnapshot, error) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
-	tx, err := f.db.Begin(false)
-	if err != nil {
-		return nil, fmt.Errorf("fsm: snapshot: %w", err)
-	}
-	s := &snapshot{f: f, tx: tx}
-	f.snapMu.Lock()
-	if f.snaps == nil {
-		f.snaps = map[*snapshot]struct{}{}
-	}
-	f.snaps[s] = struct{}{}
-	f.snapMu.Unlock()
-	return s, nil
+	return &snapshot{f: f, gen: f.gen.Load(), index: f.applied.Load()}, nil
 }
 
-// snapshot is a read transaction on the state file, written out by
-// Persist. Raft holds it while it asks its main loop for the configuration;
-// should the main loop be installing a snapshot from the leader, the
-// Restore that follows cannot close the file while the transaction is open
-// and the main loop waits for the Restore. A Restore therefore ends every
-// open snapshot first (one being persisted finishes); a snapshot so ended
-// fails to persist, and raft takes another later.
+// snapshot is written out by Persist, which streams the state file as it is
+// when Persist begins, under one read transaction closed before Persist
+// returns.
+//
+// That state may be newer than the index raft labels the snapshot with (the
+// last entry raft had handed the state machine when it called Snapshot):
+// entries applied in between are in it. This is safe because the state file
+// records the index of the last entry applied in the same transaction as the
+// entries' effects, Restore takes the applied index from the file, and
+// ApplyBatch skips every entry at or below it. A node that installs the
+// snapshot and has raft replay the log after the label therefore skips the
+// entries already in the state and applies the rest, once each; the state
+// it reaches is the one it would reach from a snapshot taken at the label.
+// What must never happen is the opposite, a state older than the label:
+// raft would replay only the entries after the label and the ones in
+// between would be lost. Persist therefore refuses a state whose applied
+// index is below the one recorded by Snapshot, and any state of another
+// generation: a Restore (raft installing the leader's snapshot, or an
+// operator's backup, which may be older) or a Reset that replaced the file
+// after Snapshot fails the snapshot, and raft takes another later. A
+// Restore that begins while Persist streams makes the stream fail at its
+// next write, and waits, as it closes the old file, only for that write.
+// (raft's label may exceed the recorded index by entries raft never hands
+// the state machine, its no-ops and barriers, and after an operator's
+// restore by the entries the restored file replaced: none is to be applied.)
 type snapshot struct {
-	f  *FSM
-	mu sync.Mutex
-	tx *bolt.Tx // nil once released or ended by a Restore
+	f     *FSM
+	gen   uint64 // generation of the state file at Snapshot
+	index uint64 // applied index at Snapshot
+
+	mu       sync.Mutex // held by Persist; Release waits for it
+	released bool
 }
+
+// errReplaced fails a snapshot whose state file was replaced (Restore,
+// Reset) or closed after Snapshot.
+var errReplaced = errors.New("the state file was replaced or closed")
 
 func (s *snapshot) Persist(sink raft.SnapshotSink) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.tx == nil {
-		_ = sink.Cancel()
-		return errors.New("fsm: persist snapshot: the state was replaced by a restore")
+	err := errors.New("the snapshot was released")
+	if !s.released {
+		err = s.writeTo(sink)
 	}
-	if _, err := s.tx.WriteTo(sink); err != nil {
+	if err != nil {
 		_ = sink.Cancel()
-		return fmt.Errorf("fsm: persist snapshot: %w", err)
+		return fmt.Errorf("fsm: persist snapshot of index %d: %w", s.index, err)
 	}
 	return sink.Close()
 }
 
+// writeTo streams the current state, of the snapshot's generation, to w.
+func (s *snapshot) writeTo(w io.Writer) error {
+	f := s.f
+	f.mu.RLock()
+	if f.gen.Load() != s.gen {
+		f.mu.RUnlock()
+		return errReplaced
+	}
+	tx, err := f.db.Begin(false)
+	f.mu.RUnlock()
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback() }()
+	if applied := u64(tx.Bucket(bucketMeta).Get(metaApplied)); applied < s.index {
+		return fmt.Errorf("the state (applied index %d) is older than the snapshot", applied)
+	}
+	_, err = tx.WriteTo(&genWriter{w: w, s: s})
+	if f.gen.Load() != s.gen {
+		// Replaced as the stream ended: raft no longer has this state.
+		return errReplaced
+	}
+	return err
+}
+
+// genWriter fails once the state file of the snapshot's generation is being
+// closed, so that the read transaction streaming it ends.
+type genWriter struct {
+	w io.Writer
+	s *snapshot
+}
+
+func (g *genWriter) Write(p []byte) (int, error) {
+	if g.s.f.gen.Load() != g.s.gen {
+		return 0, errReplaced
+	}
+	return g.w.Write(p)
+}
+
+// Release waits for a Persist under way; the snapshot no longer persists.
 func (s *snapshot) Release() {
-	s.end()
-	s.f.snapMu.Lock()
-	delete(s.f.snaps, s)
-	s.f.snapMu.Unlock()
-}
-
-// end rolls the transaction back, once.
-func (s *snapshot) end() {
 	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.tx != nil {
-		_ = s.tx.Rollback()
-		s.tx = nil
-	}
-}
-
-// endSnapshots ends every open snapshot, so that the state file can close.
-func (f *FSM) endSnapshots() {
-	f.snapMu.Lock()
-	open := make([]*snapshot, 0, len(f.snaps))
-	for s := range f.snaps {
-		open = append(open, s)
-	}
-	f.snapMu.Unlock()
-	for _, s := range open {
-		s.end()
-	}
+	s.released = true
+	s.mu.Unlock()
 }
 
 // Restore replaces the state with a snapshot stream (a bbolt file).
@@ -477,7 +532,9 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	f.endSnapshots()
+	// A snapshot taken of the current state no longer persists; one
+	// streaming it stops at its next write, and Close waits for that.
+	f.gen.Add(1)
 	if err := f.db.Close(); err != nil {
 		return fmt.Errorf("fsm: restore close current: %w", err)
 	}
@@ -487,7 +544,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if err := syncDir(filepath.Dir(f.path)); err != nil {
 		return fmt.Errorf("fsm: restore: %w", err)
 	}
-	db, err := openDB(f.path)
+	db, err := openDB(f.path, f.mmapSize)
 	if err != nil {
 		return err
 	}
@@ -500,6 +557,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 func (f *FSM) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.gen.Add(1)
 	if err := f.db.Sync(); err != nil {
 		return fmt.Errorf("fsm: sync: %w", err)
 	}

@@ -621,7 +621,8 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// Applies continue while the snapshot is persisted.
+	// Applies continue after Snapshot; Persist writes the state as it is
+	// when it begins, entry 5 included.
 	src.one(acq("k3", "t3", "r3", 10_000, 0))
 	var sink memSink
 	if err := snap.Persist(&sink); err != nil {
@@ -633,13 +634,14 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	if err := dst.f.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
 		t.Fatal(err)
 	}
-	if dst.f.Applied() != 4 {
-		t.Fatalf("applied after restore = %d, want 4", dst.f.Applied())
+	if dst.f.Applied() != 5 {
+		t.Fatalf("applied after restore = %d, want 5", dst.f.Applied())
 	}
 	if d := dst.publicDoc("k"); string(d.Bytes) != `{"a":1}` {
 		t.Fatalf("restored doc: %+v", d)
 	}
-	// Replaying the entry after the snapshot converges on the source's state.
+	// raft replays the entry after the snapshot's index (4): the state
+	// already holds it, so it is skipped and the states agree.
 	c := acq("k3", "t3", "r3", 10_000, 0)
 	c.Now = src.now
 	dst.f.ApplyBatch([]*raft.Log{logOf(t, 5, c)})
@@ -651,10 +653,10 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	}
 }
 
-// A snapshot raft holds open (while its main loop installs the leader's
-// snapshot) does not keep that Restore from replacing the state: the
-// Restore ends it, and it then fails to persist instead of writing the
-// replaced state.
+// A snapshot raft holds between Snapshot and Persist (while its main loop
+// installs the leader's snapshot) does not keep that Restore from replacing
+// the state, and it then fails to persist instead of writing a state that
+// replaced the one it was taken of.
 func TestRestoreEndsSnapshotsLeftOpen(t *testing.T) {
 	src := openHarness(t, t.TempDir())
 	mustLease(t, src.one(acq("from-leader", "t1", "r1", 10_000, 0)))
