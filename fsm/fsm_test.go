@@ -599,12 +599,28 @@ func snapshotBytes(t *testing.T, h *harness) []byte {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return persisted(t, snap)
+}
+
+// persisted persists and releases snap.
+func persisted(t *testing.T, snap raft.FSMSnapshot) []byte {
+	t.Helper()
 	defer snap.Release()
 	var sink memSink
 	if err := snap.Persist(&sink); err != nil {
 		t.Fatal(err)
 	}
 	return sink.Bytes()
+}
+
+// restoredFrom is a new state machine restored from a snapshot stream.
+func restoredFrom(t *testing.T, stream []byte) *harness {
+	t.Helper()
+	h := openHarness(t, t.TempDir())
+	if err := h.f.Restore(io.NopCloser(bytes.NewReader(stream))); err != nil {
+		t.Fatal(err)
+	}
+	return h
 }
 
 func (s *memSink) ID() string    { return "mem" }
@@ -624,16 +640,7 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	// Applies continue after Snapshot; Persist writes the state as it is
 	// when it begins, entry 5 included.
 	src.one(acq("k3", "t3", "r3", 10_000, 0))
-	var sink memSink
-	if err := snap.Persist(&sink); err != nil {
-		t.Fatal(err)
-	}
-	snap.Release()
-
-	dst := openHarness(t, t.TempDir())
-	if err := dst.f.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
-		t.Fatal(err)
-	}
+	dst := restoredFrom(t, persisted(t, snap))
 	if dst.f.Applied() != 5 {
 		t.Fatalf("applied after restore = %d, want 5", dst.f.Applied())
 	}
@@ -653,17 +660,24 @@ func TestSnapshotRestoreRoundTrip(t *testing.T) {
 	}
 }
 
+// leaderSnapshotAndFollower returns a harness with one state (a leader's),
+// its snapshot, and a harness with another state (a follower's) to restore
+// it into.
+func leaderSnapshotAndFollower(t *testing.T) (src *harness, leader []byte, dst *harness) {
+	src = openHarness(t, t.TempDir())
+	mustLease(t, src.one(acq("from-leader", "t1", "r1", 10_000, 0)))
+	leader = snapshotBytes(t, src)
+	dst = openHarness(t, t.TempDir())
+	mustLease(t, dst.one(acq("own", "t2", "r2", 10_000, 0)))
+	return src, leader, dst
+}
+
 // A snapshot raft holds between Snapshot and Persist (while its main loop
 // installs the leader's snapshot) does not keep that Restore from replacing
 // the state, and it then fails to persist instead of writing a state that
 // replaced the one it was taken of.
 func TestRestoreEndsSnapshotsLeftOpen(t *testing.T) {
-	src := openHarness(t, t.TempDir())
-	mustLease(t, src.one(acq("from-leader", "t1", "r1", 10_000, 0)))
-	leader := snapshotBytes(t, src)
-
-	dst := openHarness(t, t.TempDir())
-	mustLease(t, dst.one(acq("own", "t2", "r2", 10_000, 0)))
+	src, leader, dst := leaderSnapshotAndFollower(t)
 	open, err := dst.f.Snapshot()
 	if err != nil {
 		t.Fatal(err)

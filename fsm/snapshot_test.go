@@ -115,15 +115,7 @@ func TestSnapshotNotYetPersistedDoesNotBlockARemap(t *testing.T) {
 	}
 
 	// The snapshot still persists, and holds the entries applied since.
-	var sink memSink
-	if err := snap.Persist(&sink); err != nil {
-		t.Fatal(err)
-	}
-	snap.Release()
-	dst := openHarness(t, t.TempDir())
-	if err := dst.f.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
-		t.Fatal(err)
-	}
+	dst := restoredFrom(t, persisted(t, snap))
 	if dst.f.Applied() != h.f.Applied() || !bytes.Equal(dst.hash(), h.hash()) {
 		t.Fatalf("restored state at %d differs from the source at %d", dst.f.Applied(), h.f.Applied())
 	}
@@ -244,10 +236,7 @@ func TestPersistedSnapshotCoversItsIndex(t *testing.T) {
 				t.Fatal(err)
 			}
 
-			dst := openHarness(t, t.TempDir())
-			if err := dst.f.Restore(io.NopCloser(bytes.NewReader(sink.Bytes()))); err != nil {
-				t.Fatal(err)
-			}
+			dst := restoredFrom(t, sink.Bytes())
 			got := dst.f.Applied()
 			if got < label {
 				t.Fatalf("the snapshot labelled %d records applied index %d", label, got)
@@ -271,12 +260,7 @@ func TestPersistedSnapshotCoversItsIndex(t *testing.T) {
 // stream stops at its next write and the snapshot fails (raft takes another
 // later) instead of being written from a file being replaced.
 func TestRestoreStopsASnapshotBeingPersisted(t *testing.T) {
-	src := openHarness(t, t.TempDir())
-	mustLease(t, src.one(acq("from-leader", "t1", "r1", 10_000, 0)))
-	leader := snapshotBytes(t, src)
-
-	dst := openHarness(t, t.TempDir())
-	mustLease(t, dst.one(acq("own", "t2", "r2", 10_000, 0)))
+	src, leader, dst := leaderSnapshotAndFollower(t)
 	snap, err := dst.f.Snapshot()
 	if err != nil {
 		t.Fatal(err)
