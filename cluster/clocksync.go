@@ -24,7 +24,10 @@ import (
 // median of those offsets (its own counting as zero). Every node thus
 // follows the same timeline, the majority's, and one node's wrong clock
 // moves nothing. The correction needs offsets from at least two peers: with
-// fewer there is no majority to follow, and the node uses its own clock.
+// fewer there is no majority to follow, and the node keeps the correction
+// it last had (none, until it has measured two peers), so that a node left
+// with one peer (a three-node cluster with one node down) does not fall
+// back to its own clock.
 
 const (
 	clockSamples   = 8               // probes kept per peer; the fastest round trip's offset is used
@@ -107,14 +110,14 @@ func (c *clockSync) update(now time.Time) {
 		}
 		offsets = append(offsets, best)
 	}
-	var median time.Duration
-	if len(offsets) >= 3 {
-		slices.Sort(offsets)
-		mid := len(offsets) / 2
-		median = offsets[mid]
-		if len(offsets)%2 == 0 {
-			median = (offsets[mid-1] + offsets[mid]) / 2
-		}
+	if len(offsets) < 3 {
+		return // no majority to follow: the last correction holds
+	}
+	slices.Sort(offsets)
+	mid := len(offsets) / 2
+	median := offsets[mid]
+	if len(offsets)%2 == 0 {
+		median = (offsets[mid-1] + offsets[mid]) / 2
 	}
 	c.offset.Store(int64(median))
 	if far := median.Abs() > clockWarnSkew; far != c.warned {

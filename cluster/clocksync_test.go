@@ -56,6 +56,15 @@ func TestClockCorrectionIsTheMedianOfPeerOffsets(t *testing.T) {
 	if len(c2.peers) != 2 {
 		t.Fatalf("a peer silent for longer than %v is still kept: %d peers", clockSampleAge, len(c2.peers))
 	}
+	// Left with one peer, the node keeps the correction it had.
+	now = now.Add(clockSampleAge + time.Second)
+	c2.add("b", sample(0, time.Millisecond, 0))
+	if len(c2.peers) != 1 {
+		t.Fatalf("%d peers heard from lately, want 1", len(c2.peers))
+	}
+	if got := c2.Offset(); got != 5*time.Second {
+		t.Fatalf("with one peer left the correction became %v, want the last one, 5s", got)
+	}
 }
 
 func TestClockOffsetFromAProbe(t *testing.T) {
