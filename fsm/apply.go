@@ -512,10 +512,8 @@ func (s *applyState) release(c *ReleaseCmd) *Result {
 			return fail(errcode.LeaseMismatch.With("fencing token %d is not the lease's %d; transaction %s is still open", c.Token, l.Token, l.TxnID))
 		}
 		t := s.txn(l.TxnID)
-		if t != nil && t.State == TxnPending && (t.Home != "" || len(t.Remotes()) > 0) {
-			e := errcode.TxnCoordinated.With("transaction %s spans islands; its coordinator decides it", l.TxnID)
-			e.Home, e.TxnID = t.Home, l.TxnID
-			return fail(e)
+		if res := coordinated(l.TxnID, t); res != nil {
+			return res
 		}
 		if t != nil && t.State != TxnPending {
 			// A lease outliving its transaction's decision must not happen;

@@ -644,9 +644,15 @@ func (s *applyState) finishable(r MessageRef) ([]byte, *Message, *Result) {
 		return nil, nil, fail(err)
 	}
 	if m.Lease.TxnID != "" {
-		if res := s.coordinated(m); res != nil {
+		if res := coordinated(m.Lease.TxnID, s.txn(m.Lease.TxnID)); res != nil {
 			return nil, nil, res
 		}
+	}
+	if txn, ok := s.sidecarTxn(r.Namespace, r.Queue, m); ok && txn != m.Lease.TxnID && isCoordinated(s.txn(txn)) {
+		// The sidecar's own transaction, which an ack or a nack decides:
+		// not when another island's coordinator decides it (nor is the
+		// ack or nack that coordinator's decision to take).
+		return nil, nil, fail(errcode.TxnPending.With("the sidecar of message %s is held by transaction %s, which spans islands: its coordinator decides it first", r.ID, txn))
 	}
 	if m.Lease.ExpiresAt <= s.now {
 		return nil, nil, fail(errcode.QueueLeaseMismatch.With("the delivery's lease of message %s expired", r.ID))
@@ -654,16 +660,33 @@ func (s *applyState) finishable(r MessageRef) ([]byte, *Message, *Result) {
 	return k, m, nil
 }
 
-// coordinated refuses to finish a delivery enlisted in a transaction that
+// coordinated refuses to decide transaction id (record t) here when it
 // spans islands: its coordinator decides it.
-func (s *applyState) coordinated(m *Message) *Result {
-	t := s.txn(m.Lease.TxnID)
-	if t != nil && t.State == TxnPending && (t.Home != "" || len(t.Remotes()) > 0) {
-		e := errcode.TxnCoordinated.With("transaction %s spans islands; its coordinator decides it", m.Lease.TxnID)
-		e.Home, e.TxnID = t.Home, m.Lease.TxnID
+func coordinated(id string, t *TxnRecord) *Result {
+	if isCoordinated(t) {
+		e := errcode.TxnCoordinated.With("transaction %s spans islands; its coordinator decides it", id)
+		e.Home, e.TxnID = t.Home, id
 		return fail(e)
 	}
 	return nil
+}
+
+// isCoordinated reports whether t is undecided and spans islands.
+func isCoordinated(t *TxnRecord) bool {
+	return t != nil && t.State == TxnPending && (t.Home != "" || len(t.Remotes()) > 0)
+}
+
+// sidecarTxn returns the transaction holding the sidecar of delivery m, when
+// the delivery still holds its sidecar.
+func (s *applyState) sidecarTxn(ns, queue string, m *Message) (string, bool) {
+	if m.Lease == nil || !m.Lease.State {
+		return "", false
+	}
+	rec := s.keyRecord(keyOf(ns, StateKey(queue, m.ID)))
+	if rec.Lease == nil || rec.Lease.ID != m.Lease.StateID {
+		return "", false
+	}
+	return rec.Lease.TxnID, true
 }
 
 func (s *applyState) queueAck(c *QueueAckCmd) *Result {
@@ -801,16 +824,14 @@ func (s *applyState) queueOutcome(ns, queue string, k []byte) *QueueResult {
 // delivery itself (nacked), and drops them when the delivery's lease ran out.
 func (s *applyState) requeue(ns, queue string, k []byte, m *Message, nacked, failed bool, delay int64, lastError json.RawMessage) *QueueResult {
 	s.unsettle(ns, queue, k, m)
-	if m.Lease != nil && m.Lease.State {
-		sk := keyOf(ns, StateKey(queue, m.ID))
-		if rec := s.keyRecord(sk); rec.Lease != nil && rec.Lease.ID == m.Lease.StateID && rec.Lease.TxnID != m.Lease.TxnID {
-			// The sidecar's own transaction, which may outlive the delivery
-			// (a keepalive of the sidecar's lease).
-			if nacked {
-				s.decide(rec.Lease.TxnID, true, ReasonRelease)
-			} else {
-				s.decide(rec.Lease.TxnID, false, ReasonExpired)
-			}
+	if txn, ok := s.sidecarTxn(ns, queue, m); ok && txn != m.Lease.TxnID && !isCoordinated(s.txn(txn)) {
+		// The sidecar's own transaction, which may outlive the delivery (a
+		// keepalive of the sidecar's lease). One another island's
+		// coordinator decides keeps the sidecar until it does.
+		if nacked {
+			s.decide(txn, true, ReasonRelease)
+		} else {
+			s.decide(txn, false, ReasonExpired)
 		}
 	}
 	lease := m.Lease

@@ -564,6 +564,86 @@ func TestMessagePastItsTTLIsNotDeliveredAgain(t *testing.T) {
 	}
 }
 
+// preparedSidecar is a plain stateful delivery on island "here" whose
+// sidecar's transaction tx staged a write there and was then prepared for
+// the coordinator of island "far".
+func preparedSidecar(t *testing.T) (*harness, *MessageInfo) {
+	h := openHarness(t, t.TempDir())
+	h.one(&Command{Op: OpSetBackend, SetBackend: &SetBackendCmd{Hash: "here"}})
+	h.one(enq("q", "m1", "x"))
+	c := statefulDeq("q", "r1", "sl-1", "tx")
+	c.Dequeue.Visibility = 5_000
+	m := mustDeliver(t, h.one(c))
+	h.one(update(m.State, `{"s":1}`))
+	if r := h.one(&Command{Op: OpTxnPrepare, Prepare: &PrepareCmd{TxnID: "tx", Home: "far", Term: 1,
+		ExpiresAt: h.now + 60_000, LeaseID: "lx", Participants: []Participant{local(StateKey("q", "m1"))}}}); r.Err != nil || r.Decision != TxnPending {
+		t.Fatalf("prepare: %+v", r)
+	}
+	return h, m
+}
+
+// The coordinator's decision of tx is carried out on the sidecar: its write
+// is public after a commit, gone after a rollback.
+func coordinatorDecides(t *testing.T, h *harness, state string) {
+	t.Helper()
+	if r := h.one(&Command{Op: OpTxnRMApply, RMApply: &RMApplyCmd{TxnID: "tx", State: state, Home: "far", Term: 1,
+		Participants: []Participant{local(StateKey("q", "m1"))}}}); r.Err != nil {
+		t.Fatalf("the coordinator's %s is refused: %v", state, r.Err)
+	}
+	if d := h.publicDoc(StateKey("q", "m1")); d.Exists != (state == TxnCommit) {
+		t.Fatalf("after the coordinator's %s the sidecar holds %q", state, d.Bytes)
+	}
+}
+
+// A sidecar whose transaction another island's coordinator decides is left
+// to that coordinator by everything a delivery does: an ack or a nack is
+// refused (409 txn_pending) and the delivery's lease running out requeues
+// the message without deciding the transaction.
+func TestDeliveryLeavesACoordinatedSidecarToItsCoordinator(t *testing.T) {
+	for _, end := range []string{"ack", "nack", "expiry"} {
+		for _, decision := range []string{TxnCommit, TxnRollback} {
+			t.Run(end+"/"+decision, func(t *testing.T) {
+				h, m := preparedSidecar(t)
+				switch end {
+				case "ack":
+					wantCode(t, h.one(ackCmd(ref(m))), errcode.TxnPending)
+				case "nack":
+					wantCode(t, h.one(nackCmd(ref(m))), errcode.TxnPending)
+				case "expiry":
+					h.now += 6_000 // the delivery's lease ran out, the prepare has 54 s left
+					h.one(sweep())
+					if st := h.stats("q"); st.Ready != 1 {
+						t.Fatalf("the expired delivery is not back: %+v", st)
+					}
+				}
+				if tr := txnOf(h, "tx"); tr.State != TxnPending {
+					t.Fatalf("the prepared transaction was decided here: %s (%s)", tr.State, tr.Reason)
+				}
+				coordinatorDecides(t, h, decision)
+			})
+		}
+	}
+}
+
+// On the home island, a nack of a stateful delivery whose sidecar's
+// transaction spans islands does not commit it behind its coordinator.
+func TestHomeNackLeavesACrossIslandSidecarTransactionPending(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(&Command{Op: OpSetBackend, SetBackend: &SetBackendCmd{Hash: "here"}})
+	h.one(enq("q", "m1", "x"))
+	m := mustDeliver(t, h.one(statefulDeq("q", "r1", "sl-1", "tx")))
+	h.one(update(m.State, `{"s":1}`))
+	c := decideCmd("tx", TxnPending, local(StateKey("q", "m1")), remote("b"))
+	c.Decide.ExpiresAt = h.now + 60_000
+	if r := h.one(c); r.Err != nil || r.Decision != TxnPending {
+		t.Fatalf("pending: %+v", r)
+	}
+	wantCode(t, h.one(nackCmd(ref(m))), errcode.TxnPending)
+	if tr := txnOf(h, "tx"); tr.State != TxnPending {
+		t.Fatalf("decided without island b's prepare: %s (%s)", tr.State, tr.Reason)
+	}
+}
+
 // A cancel that loses the race against a delivery answers the delivery.
 func TestCancelAfterDeliveryAnswersIt(t *testing.T) {
 	h := openHarness(t, t.TempDir())

@@ -10,6 +10,7 @@ import (
 	"github.com/rs/xid"
 
 	"github.com/raftlockd/raftlockd/client"
+	"github.com/raftlockd/raftlockd/fsm"
 	"github.com/raftlockd/raftlockd/internal/testutil"
 	"github.com/raftlockd/raftlockd/wire"
 )
@@ -144,4 +145,56 @@ func TestQueueMessagesInTransactionsAcrossIslands(t *testing.T) {
 		t.Fatal(err)
 	}
 	clean(t, a, b)
+}
+
+// A stateful delivery's sidecar, written in the sidecar's own transaction,
+// which then takes in a key on another island and is prepared by that
+// island's coordinator: the delivery cannot decide the transaction (an ack
+// is 409 txn_pending), and when the delivery's lease runs out the message
+// goes back to its queue while the sidecar waits for the coordinator, whose
+// commit then reaches both islands.
+func TestACoordinatedSidecarIsDecidedOnlyByItsCoordinator(t *testing.T) {
+	a, b := startIsland(t, "a"), startIsland(t, "b")
+	register(t, a, b)
+	ctx := context.Background()
+	enqueue(t, b.client(), "jobs", "", "job")
+	d, err := b.client().DequeueWithState(ctx, wire.DequeueRequest{Queue: "jobs", Owner: "w", VisibilityTimeoutSeconds: 1})
+	if err != nil || d == nil {
+		t.Fatalf("dequeue: %v", err)
+	}
+	ref, _ := d.StateRef()
+	if _, err := b.client().Update(ctx, ref, []byte(`{"step":1}`), client.Conditions{}); err != nil {
+		t.Fatal(err)
+	}
+	txn := d.Message.StateTxnID
+	stage(t, acquire(t, a.client(), "ka", txn, "w"), `{"a":1}`)
+	ps := []wire.TxnParticipant{part("ka", a), {Namespace: wire.DefaultNamespace, Key: ref.Key, BackendHash: b.hash()}}
+	if out, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStatePending,
+		Participants: ps}); err != nil || out.State != wire.TxnStatePending {
+		t.Fatalf("pending: %+v %v", out, err)
+	}
+	wantCode(t, d.Ack(ctx), 409, "txn_pending")
+	deadline := time.Now().Add(10 * time.Second)
+	for stats(t, b.client(), "jobs").Ready != 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the delivery's lease ran out, but the message is not back in its queue")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if rb := b.record(txn); rb.State != fsm.TxnPending {
+		t.Fatalf("b decided the prepared transaction itself: %s (%s)", rb.State, rb.Reason)
+	}
+	if out, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateCommit,
+		Participants: ps}); err != nil || out.State != wire.TxnStateCommit {
+		t.Fatalf("commit: %+v %v", out, err)
+	}
+	for b.record(txn).State != fsm.TxnCommit {
+		if time.Now().After(deadline) {
+			t.Fatalf("b did not commit: %+v", b.record(txn))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if ka, sc := publicDoc(t, a.client(), "ka"), publicDoc(t, b.client(), ref.Key); ka != `{"a":1}` || sc != `{"step":1}` {
+		t.Fatalf("after the commit ka=%q, sidecar=%q", ka, sc)
+	}
 }
