@@ -202,6 +202,9 @@ func (s *applyState) selfBackend() string {
 	return string(s.b(bucketMeta).Get(metaBackend))
 }
 
+// UniqueParticipants returns ps sorted, each participant once.
+func UniqueParticipants(ps []Participant) []Participant { return sortParticipants(slices.Clone(ps)) }
+
 func mergeParticipants(t *TxnRecord, ps []Participant) {
 	t.Participants = sortParticipants(append(t.Participants, ps...))
 }

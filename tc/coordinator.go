@@ -271,7 +271,11 @@ func (c *Coordinator) Decide(ctx context.Context, d Decision) (*fsm.TxnInfo, err
 		return nil, unknown
 	}
 	if rec != nil {
-		d.Participants = append(d.Participants, withBackend(rec.Participants, c.island.BackendHash())...)
+		// What the request names again is counted once.
+		d.Participants = fsm.UniqueParticipants(append(d.Participants, withBackend(rec.Participants, c.island.BackendHash())...))
+		if len(d.Participants) > fsm.MaxParticipants {
+			return nil, errcode.TxnTooLarge.With("a transaction holds at most %d keys", fsm.MaxParticipants)
+		}
 	}
 	switch d.State {
 	case fsm.TxnPending:

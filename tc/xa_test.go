@@ -942,3 +942,25 @@ func TestAStalledIslandDoesNotHoldUpTheRegistry(t *testing.T) {
 	testutil.WaitFor(t, 5*time.Second, "a's call through the stalled link", func() bool { return link.Held() > 0 })
 	link.Release()
 }
+
+// A decision that names the participants of its recorded pending decision
+// again counts each once: a commit of the same 600 participants is not
+// refused as holding more than the limit.
+func TestADecideThatNamesItsParticipantsAgainCountsThemOnce(t *testing.T) {
+	a := startIsland(t, "a")
+	ctx := context.Background()
+	txn := xid.New().String()
+	var ps []wire.TxnParticipant
+	for i := range 600 {
+		ps = append(ps, part(fmt.Sprintf("k%03d", i), a))
+	}
+	for _, state := range []string{wire.TxnStatePending, wire.TxnStateCommit} {
+		if out, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: state,
+			Participants: ps}); err != nil || out.State != state {
+			t.Fatalf("%s of 600 participants: %+v %v", state, out, err)
+		}
+	}
+	if rec := a.record(txn); len(rec.Participants) != 600 {
+		t.Fatalf("the record holds %d participants, want 600", len(rec.Participants))
+	}
+}
