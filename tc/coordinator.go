@@ -545,7 +545,9 @@ func (c *Coordinator) replay(ctx context.Context, txn string) (*fsm.TxnInfo, err
 		return c.resolveDoubt(ctx, rec)
 	case rec.Home != "":
 		return recordInfo(rec), nil
-	case rec.State == fsm.TxnPending && rec.ExpiresAt <= c.clock.Now().UnixMilli():
+	case rec.State == fsm.TxnPending && rec.ExpiresAt != 0 && rec.ExpiresAt <= c.clock.Now().UnixMilli():
+		// (Without a pending decision, expiry 0, the transaction lives as
+		// long as its leases here, whose expiry rolls it back.)
 		d := Decision{TxnID: txn, State: fsm.TxnRollback, Participants: withBackend(rec.Participants, c.island.BackendHash())}
 		info, err := c.finish(ctx, d, fsm.ReasonPresumedAbort, "the pending decision expired")
 		if errors.Is(err, errcode.TxnFanoutFailed) {

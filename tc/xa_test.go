@@ -964,3 +964,24 @@ func TestADecideThatNamesItsParticipantsAgainCountsThemOnce(t *testing.T) {
 		t.Fatalf("the record holds %d participants, want 600", len(rec.Participants))
 	}
 }
+
+// A replay of a transaction that holds live leases here but has no pending
+// decision recorded answers pending: it does not presume the transaction
+// aborted, which its leases' expiry would do, and its holder can still
+// commit it.
+func TestReplayLeavesATransactionWithoutAPendingDecisionToItsLeases(t *testing.T) {
+	a := startIsland(t, "a")
+	ctx := context.Background()
+	txn := xid.New().String()
+	la := acquire(t, a.client(), "ka", txn, "w")
+	stage(t, la, `{"a":1}`)
+	if out, err := a.client().TxnReplay(ctx, txn); err != nil || out.State != wire.TxnStatePending {
+		t.Fatalf("replay of a live transaction: %+v %v", out, err)
+	}
+	if err := la.Release(ctx, false); err != nil {
+		t.Fatalf("commit after the replay: %v", err)
+	}
+	if doc := publicDoc(t, a.client(), "ka"); doc != `{"a":1}` {
+		t.Fatalf("ka holds %q after the commit", doc)
+	}
+}
