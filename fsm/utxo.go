@@ -553,6 +553,12 @@ func (s *applyState) utxoRecordPhase(c *UTXOCreateCmd, txid []byte) *Result {
 			return fail(err)
 		}
 	}
+	// A transaction created whole meanwhile (by a block) or laid out in
+	// another number of records is not this creation's: writing a record
+	// would put fresh outputs over its own, spent ones among them.
+	if m := s.utxoMaster(txid); m != nil && (!m.Creating || m.Master.Records != c.Records) {
+		return txExists("the transaction exists")
+	}
 	if s.b(bucketUTXORecs).Get(recKey(txid, uint32(c.Record))) != nil {
 		return &Result{UTXO: &UTXOResult{}} // written by an earlier attempt
 	}

@@ -169,3 +169,36 @@ func TestSweepOfUTXOHoldsStopsAtItsLimit(t *testing.T) {
 		}
 	}
 }
+
+// A block that creates a transaction whole while a multi-record creator
+// holds its lock keeps its outputs: the creator's record writes that come
+// after answer tx_exists and change nothing, so the block's spend stays.
+func TestCreatorRecordsAfterABlockCreatedTheTxChangeNothing(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.ok(utxoStep(UTXOPhaseLock, 0)) // the creator locked, nothing written yet
+	x := BlockTx{TxID: tid(0xa1)}
+	for v := uint32(0); v < 4; v++ {
+		x.Outputs = append(x.Outputs, UTXOOut{Vout: v, Hash: tid(1), Sats: 5})
+	}
+	spender := BlockTx{TxID: tid(2), Inputs: []BlockIn{{TxID: tid(0xa1), Vout: 2, Hash: tid(1)}}}
+	h.ok(blockCmd(1, x, spender))
+	if o := h.tx(0xa1).Outputs[2]; o.SpendingTxID != tidHex(2) {
+		t.Fatalf("setup: %+v", o)
+	}
+	before, stats := h.hashWithoutMeta(), h.status().Stats
+	for _, c := range []*Command{utxoStep(UTXOPhaseRecord, 0), utxoStep(UTXOPhaseRecord, 1)} {
+		wantCode(t, h.one(c), errcode.TxExists)
+	}
+	if !bytes.Equal(before, h.hashWithoutMeta()) || h.status().Stats != stats {
+		t.Fatalf("the creator's records changed the block's transaction: stats %+v, then %+v", stats, h.status().Stats)
+	}
+	tx := h.tx(0xa1)
+	if tx.Outputs[2].SpendingTxID != tidHex(2) || tx.SpentOutputs != 1 || tx.Creating {
+		t.Fatalf("after the creator's records: %+v", tx)
+	}
+	r := h.one(&Command{Op: OpUTXOSpend, UTXOSpend: &UTXOSpendCmd{Spends: []UTXOSpendItem{{TxID: genTxIDs[0], Vout: 2,
+		Hash: genHashes[0], Spender: tidHex(9)}}}})
+	if r.Err == nil {
+		t.Fatal("vout 2, spent by the block, was spent again")
+	}
+}
