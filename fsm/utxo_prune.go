@@ -195,9 +195,14 @@ const (
 
 // childState verifies one spending child: it must exist, be readable, be
 // mined on the longest chain, and its highest block must be retention
-// blocks below height (boundary inclusive).
-func (r reader) childState(child []byte, height, retention uint32) int {
+// blocks below height (boundary inclusive). A child that is gone and is
+// listed in the parent's deleted (the parent's deleted_children) was
+// verified when it was pruned, so it is safe.
+func (r reader) childState(child []byte, deleted []string, height, retention uint32) int {
 	raw := r.b(bucketUTXORecs).Get(recKey(child, 0))
+	if raw == nil && slices.Contains(deleted, hex.EncodeToString(child)) {
+		return childSafe
+	}
 	var rec UTXORecord
 	if raw == nil || decodeRecord(raw, &rec) != nil || rec.Master == nil {
 		return childUnreadable
@@ -282,7 +287,7 @@ func (s *applyState) utxoPrune(c *UTXOPruneCmd) *Result {
 			why = childUnreadable
 		}
 		for _, ch := range children {
-			if why = s.childState(ch, height, retention); why != childSafe {
+			if why = s.childState(ch, rec.Master.DeletedChildren, height, retention); why != childSafe {
 				break
 			}
 		}

@@ -321,3 +321,36 @@ func TestBlockRollbackOrphansTheChildAndKeepsTheParent(t *testing.T) {
 		t.Fatal("child mined at 7, retention 3: still kept at 10")
 	}
 }
+
+// A child pruned before its parent became due does not keep the parent:
+// the parent's deleted_children lists it as verified, so the parent is
+// pruned at its own delete-at-height and no prune stays due.
+func TestDAHChildPrunedFirstDoesNotKeepTheParent(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	// Block 1: P (tx 1) with 2 outputs; C (tx 2) spends P:0; D (tx 3) spends C:0.
+	h.ok(blockCmd(1, btx(1, 2), btx(2, 1, [2]int{1, 0}), btx(3, 1, [2]int{2, 0})))
+	for height := uint32(2); height < 50; height++ {
+		h.ok(blockCmd(height, btx(byte(100+height), 1)))
+	}
+	// Block 50: E (tx 4) spends P:1, so P is fully spent only now.
+	h.ok(blockCmd(50, btx(4, 1, [2]int{1, 1})))
+	if dc, dp := h.tx(2).DeleteAtHeight, h.tx(1).DeleteAtHeight; dc != 1+288 || dp != 50+288 {
+		t.Fatalf("delete-at-height of C %d, of P %d", dc, dp)
+	}
+	h.setHeight(1 + 288)
+	if res := h.prune(); h.tx(2) != nil {
+		t.Fatalf("C not pruned: %+v", res)
+	}
+	if dc := h.tx(1).DeletedChildren; len(dc) != 1 || dc[0] != tidHex(2) {
+		t.Fatalf("P's deleted children: %v", dc)
+	}
+	h.setHeight(50 + 288)
+	if res := h.prune(); h.tx(1) != nil || len(res.Pruned) != 1 || res.Pruned[0] != tidHex(1) {
+		t.Fatalf("P kept at its delete-at-height: %+v", res)
+	}
+	var due bool
+	_ = h.f.View(func(v *View) error { due = v.UTXOPruneDue(); return nil })
+	if due {
+		t.Fatal("a prune is still due")
+	}
+}
