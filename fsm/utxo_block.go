@@ -221,6 +221,7 @@ type blockPlan struct {
 	mined      [][]byte // txids that existed and are marked mined
 	unfinished [][]byte // of those, the ones whose creation the block completes
 	spent      [][]byte // outpoints (txid|vout) the block spends, in order
+	spenders   [][]byte // the spender (txid|vin) of each of spent
 	fails      []errcode.Item
 }
 
@@ -369,6 +370,8 @@ func (p *blockPlan) spend(s *applyState, in BlockIn, spender string, vin, height
 	p.b.touchOut(ptx, in.Vout)
 	p.b.touchMaster(ptx)
 	p.spent = append(p.spent, recKey(ptx, in.Vout))
+	sp, _ := hex.DecodeString(spender)
+	p.spenders = append(p.spenders, binary.BigEndian.AppendUint32(sp, vin))
 	return "", nil
 }
 
@@ -481,10 +484,11 @@ func (s *applyState) dropStaged(height uint32) {
 	}
 }
 
-// The undo delta: counts, then created txids, mined txids and spent
-// outpoints.
+// The undo delta: counts, then created txids, mined txids, spent outpoints
+// and the spender (txid|vin) of each spent outpoint. Deltas written before
+// the spenders were kept end with the outpoints.
 func encodeUndo(p *blockPlan) []byte {
-	b := make([]byte, 0, 12+32*(len(p.created)+len(p.mined))+36*len(p.spent))
+	b := make([]byte, 0, 12+32*(len(p.created)+len(p.mined))+72*len(p.spent))
 	b = binary.BigEndian.AppendUint32(b, uint32(len(p.created)))
 	b = binary.BigEndian.AppendUint32(b, uint32(len(p.mined)))
 	b = binary.BigEndian.AppendUint32(b, uint32(len(p.spent)))
@@ -497,10 +501,15 @@ func encodeUndo(p *blockPlan) []byte {
 	for _, o := range p.spent {
 		b = append(b, o...)
 	}
+	for _, o := range p.spenders {
+		b = append(b, o...)
+	}
 	return b
 }
 
-type undoDelta struct{ created, mined, spent [][]byte }
+// undoDelta is a decoded delta; spenders is nil in one written before the
+// spenders were kept.
+type undoDelta struct{ created, mined, spent, spenders [][]byte }
 
 func decodeUndo(b []byte) (*undoDelta, bool) {
 	if len(b) < 12 {
@@ -508,7 +517,8 @@ func decodeUndo(b []byte) (*undoDelta, bool) {
 	}
 	nc, nm, ns := uint64(binary.BigEndian.Uint32(b)), uint64(binary.BigEndian.Uint32(b[4:])), uint64(binary.BigEndian.Uint32(b[8:]))
 	b = b[12:]
-	if uint64(len(b)) != 32*(nc+nm)+36*ns {
+	withSpenders := uint64(len(b)) == 32*(nc+nm)+72*ns
+	if !withSpenders && uint64(len(b)) != 32*(nc+nm)+36*ns {
 		return nil, false
 	}
 	d := &undoDelta{}
@@ -520,6 +530,9 @@ func decodeUndo(b []byte) (*undoDelta, bool) {
 		return out
 	}
 	d.created, d.mined, d.spent = take(nc, 32), take(nm, 32), take(ns, 36)
+	if withSpenders {
+		d.spenders = take(ns, 36)
+	}
 	return d, true
 }
 
@@ -555,13 +568,31 @@ func (s *applyState) rollbackBlocks(c *UTXOBlockCmd) *Result {
 
 // undoBlock undoes one block from its delta; transactions left without a
 // block become unmined since the target height.
+//
+// An output is unspent only while the block's transaction still spends it:
+// one unspent and spent by another transaction since keeps that spend.
 func (s *applyState) undoBlock(info *BlockInfo, d *undoDelta, to uint32) {
 	b := newUTXOBatch(s)
+	var blockTxs map[string]bool // for a delta without spenders
+	if d.spenders == nil {
+		blockTxs = make(map[string]bool, len(d.created)+len(d.mined))
+		for _, t := range slices.Concat(d.created, d.mined) {
+			blockTxs[hex.EncodeToString(t)] = true
+		}
+	}
 	for i := len(d.spent) - 1; i >= 0; i-- {
 		k := d.spent[i]
 		txid, vout := k[:32], binary.BigEndian.Uint32(k[32:])
 		m, o := b.master(txid), b.out(txid, vout)
 		if m == nil || o == nil || !o.Spent {
+			continue
+		}
+		if d.spenders != nil {
+			sp := d.spenders[i]
+			if o.Spender != hex.EncodeToString(sp[:32]) || o.Vin != binary.BigEndian.Uint32(sp[32:]) {
+				continue
+			}
+		} else if !blockTxs[o.Spender] {
 			continue
 		}
 		o.Spent, o.Spender, o.Vin = false, "", 0

@@ -301,3 +301,24 @@ func TestBlockMiningAnUnfinishedCreationCompletesIt(t *testing.T) {
 		return nil
 	})
 }
+
+// Rolling back a block unspends only the outputs its transactions still
+// spend: an output unspent by an admin and spent by another transaction
+// since keeps that spend.
+func TestRollbackKeepsASpendTheBlockDidNotMake(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.ok(blockCmd(1, btx(1, 2)))
+	h.ok(blockCmd(2, btx(2, 1, [2]int{1, 0}, [2]int{1, 1})))
+	x := outHash(1, 0)
+	hs := hex.EncodeToString(x[:])
+	h.ok(&Command{Op: OpUTXOUpdate, UTXOUpdate: &UTXOUpdateCmd{Kind: UTXOUnspend, Outpoints: []UTXOPoint{{TxID: tidHex(1), Vout: 0, Hash: hs}}}})
+	h.ok(&Command{Op: OpUTXOSpend, UTXOSpend: &UTXOSpendCmd{Spends: []UTXOSpendItem{{TxID: tidHex(1), Vout: 0, Hash: hs, Spender: tidHex(9)}}}})
+	h.ok(rollbackCmd(1))
+	tx := h.tx(1)
+	if o := tx.Outputs[0]; o.SpendingTxID != tidHex(9) {
+		t.Fatalf("the rollback of block 2 erased the spend by tx 9: %+v", o)
+	}
+	if o := tx.Outputs[1]; o.SpendingTxID != "" || tx.SpentOutputs != 1 {
+		t.Fatalf("the rollback of block 2 kept its own spend: %+v, spent %d", o, tx.SpentOutputs)
+	}
+}

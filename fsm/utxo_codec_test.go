@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"bytes"
 	"encoding/json"
 	"reflect"
 	"testing"
@@ -43,5 +44,23 @@ func TestUTXOCodecsRoundTrip(t *testing.T) {
 		if decodeOut(bad, &o) == nil && decodeRecord(bad, &r) == nil {
 			t.Errorf("%x decodes", bad)
 		}
+	}
+}
+
+// An undo delta keeps the spender of each outpoint it spent; one written
+// before the spenders were kept still decodes, without them.
+func TestUndoDeltaDecodesWithAndWithoutSpenders(t *testing.T) {
+	p := &blockPlan{created: [][]byte{bytes.Repeat([]byte{1}, 32)}, mined: [][]byte{bytes.Repeat([]byte{2}, 32)},
+		spent: [][]byte{bytes.Repeat([]byte{3}, 36)}, spenders: [][]byte{bytes.Repeat([]byte{4}, 36)}}
+	b := encodeUndo(p)
+	d, ok := decodeUndo(b)
+	if !ok || len(d.spenders) != 1 || !bytes.Equal(d.spenders[0], p.spenders[0]) || !bytes.Equal(d.spent[0], p.spent[0]) {
+		t.Fatalf("decoded %+v, %v", d, ok)
+	}
+	if d, ok = decodeUndo(b[:len(b)-36]); !ok || d.spenders != nil || !bytes.Equal(d.spent[0], p.spent[0]) {
+		t.Fatalf("decoded an old delta as %+v, %v", d, ok)
+	}
+	if _, ok = decodeUndo(b[:len(b)-1]); ok {
+		t.Fatal("decoded a truncated delta")
 	}
 }
