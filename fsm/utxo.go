@@ -984,9 +984,13 @@ func (s *applyState) utxoSetMined(txid []byte, rec *UTXORecord, c *UTXOUpdateCmd
 
 // finishMined completes the creation of a transaction marked mined:
 // creating is cleared on every record and the lock dropped (a two-phase
-// transaction's staged creation keeps its lock). The caller writes the
-// master.
+// transaction's staged creation keeps its lock). A creation with records
+// missing stays creating, and its lock stays, for the creator to write
+// them. The caller writes the master.
 func (s *applyState) finishMined(txid []byte, rec *UTXORecord) {
+	if len(s.utxoPresent(txid, rec.Master.Records)) != rec.Master.Records {
+		return
+	}
 	for i := 1; i < rec.Master.Records; i++ {
 		s.clearCreating(txid, uint32(i))
 	}

@@ -217,11 +217,12 @@ func (s *applyState) stageBlock(c *UTXOBlockCmd) *Result {
 // read once, changed in memory.
 type blockPlan struct {
 	b          *utxoBatch
-	created    [][]byte // txids the block creates, in block order
-	mined      [][]byte // txids that existed and are marked mined
-	unfinished [][]byte // of those, the ones whose creation the block completes
-	spent      [][]byte // outpoints (txid|vout) the block spends, in order
-	spenders   [][]byte // the spender (txid|vin) of each of spent
+	created    [][]byte        // txids the block creates, in block order
+	mined      [][]byte        // txids that existed and are marked mined
+	unfinished [][]byte        // of those, the ones whose creation the block completes
+	spent      [][]byte        // outpoints (txid|vout) the block spends, in order
+	spenders   [][]byte        // the spender (txid|vin) of each of spent
+	records    []plannedRecord // missing records of unfinished creations
 	fails      []errcode.Item
 }
 
@@ -268,8 +269,10 @@ func (s *applyState) planBlock(txs []BlockTx, height, id uint32) *blockPlan {
 			}
 			m.UnminedSince = nil
 			if rec.Creating {
-				// The block completes its creation (finishMined); the rest
-				// of the block may spend it.
+				// The block, which carries every output, completes its
+				// creation: missing records are written and creating is
+				// cleared (finishMined); the rest of the block may spend it.
+				p.complete(s, txid, rec, t)
 				rec.Creating = false
 				p.unfinished = append(p.unfinished, txid)
 			}
@@ -296,6 +299,43 @@ func (s *applyState) planBlock(txs []BlockTx, height, id uint32) *blockPlan {
 		}
 	}
 	return p
+}
+
+// plannedRecord is a record a block writes to complete a creation.
+type plannedRecord struct {
+	txid    []byte
+	idx     uint32
+	rec     *UTXORecord
+	outputs int
+}
+
+// complete plans the records of an unfinished creation that are missing,
+// laid out as the creator lays them out (record i holds the vouts from
+// i*count, count being record 0's), with the block's outputs they hold.
+// Records present are left as they are.
+func (p *blockPlan) complete(s *applyState, txid []byte, rec *UTXORecord, t BlockTx) {
+	m, batch := rec.Master, rec.Count
+	if batch == 0 {
+		return
+	}
+	for i := 1; i < m.Records; i++ {
+		first := uint64(i) * uint64(batch)
+		if first >= uint64(m.Vouts) || s.b(bucketUTXORecs).Get(recKey(txid, uint32(i))) != nil {
+			continue
+		}
+		r := plannedRecord{txid: txid, idx: uint32(i),
+			rec: &UTXORecord{First: uint32(first), Count: uint32(min(uint64(batch), uint64(m.Vouts)-first))}}
+		for _, o := range t.Outputs {
+			if uint64(o.Vout) < first || uint64(o.Vout) >= first+uint64(r.rec.Count) {
+				continue
+			}
+			k := string(recKey(txid, o.Vout))
+			p.b.outs[k] = &utxoOutput{Hash: hex.EncodeToString(o.Hash[:]), Sats: o.Sats}
+			p.b.touchOutKey(k)
+			r.outputs++
+		}
+		p.records = append(p.records, r)
+	}
 }
 
 // minedCheck refuses to mark mined a transaction a two-phase transaction
@@ -453,11 +493,16 @@ func (s *applyState) applyBlock(c *UTXOBlockCmd) *Result {
 	s.setUTXOPolicy(c.Retention, c.Window)
 	s.put(bucketMeta, metaUTXOBlockSeq, putU64(uint64(id)))
 	s.put(bucketMeta, metaUTXOHeight, putU64(uint64(c.Height)))
+	st := s.utxoStats()
+	for _, r := range p.records {
+		s.putUTXORecord(r.txid, r.idx, r.rec)
+		st.Records++
+		st.Outputs += int64(r.outputs)
+	}
 	for _, txid := range p.unfinished {
 		s.finishMined(txid, p.b.masters[string(txid)])
 	}
 	p.b.flush()
-	st := s.utxoStats()
 	st.Txs += int64(len(p.created))
 	st.Records += int64(len(p.created))
 	for _, txid := range p.created {

@@ -322,3 +322,35 @@ func TestRollbackKeepsASpendTheBlockDidNotMake(t *testing.T) {
 		t.Fatalf("the rollback of block 2 kept its own spend: %+v, spent %d", o, tx.SpentOutputs)
 	}
 }
+
+// A block that mines a transaction whose creation lost a record completes
+// it with the outputs it carries: the missing record is written as the
+// creator lays it out, so a later block spends its outputs. A mined mark,
+// which carries no outputs, leaves such a creation creating.
+func TestBlockMiningACreationWithAMissingRecordWritesIt(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	// Two records of two vouts; the creator wrote only record 0.
+	h.ok(utxoStep(UTXOPhaseLock, 0))
+	h.ok(utxoStep(UTXOPhaseRecord, 0))
+	h.ok(&Command{Op: OpUTXOUpdate, UTXOUpdate: &UTXOUpdateCmd{Kind: UTXOMined, TxIDs: []string{genTxIDs[0]}, BlockID: 1, Height: 1, OnLongestChain: true}})
+	if tx := h.tx(0xa1); !tx.Creating {
+		t.Fatalf("a mined mark finished a creation with a record missing: %+v", tx)
+	}
+	stats := h.status().Stats
+	full := BlockTx{TxID: tid(0xa1)}
+	for v := uint32(0); v < 4; v++ {
+		full.Outputs = append(full.Outputs, UTXOOut{Vout: v, Hash: tid(1), Sats: 5})
+	}
+	h.ok(blockCmd(1, full))
+	tx := h.tx(0xa1)
+	if tx.Creating || len(tx.RecordsCreating) != 0 || len(tx.Outputs) != 4 || tx.Outputs[3].Satoshis != 5 {
+		t.Fatalf("after the block: %+v", tx)
+	}
+	if st := h.status().Stats; st.Records != stats.Records+1 || st.Outputs != stats.Outputs+2 {
+		t.Fatalf("stats %+v, before the block %+v", st, stats)
+	}
+	h.ok(blockCmd(2, BlockTx{TxID: tid(2), Inputs: []BlockIn{{TxID: tid(0xa1), Vout: 2, Hash: tid(1)}}}))
+	if o := h.tx(0xa1).Outputs[2]; o.SpendingTxID != tidHex(2) {
+		t.Fatalf("vout 2 after block 2: %+v", o)
+	}
+}
