@@ -20,6 +20,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -412,7 +413,7 @@ func (c *Coordinator) prepare(ctx context.Context, d Decision) (*fsm.TxnInfo, er
 		return nil, outcomeErr(info)
 	}
 	if err := c.prepareRemotes(ctx, d, nil); err != nil {
-		return c.prepareFailed(ctx, d, err)
+		return c.prepareFailed(ctx, d, err, info.Prepared)
 	}
 	// Remember who prepared, so that a commit does not need them again.
 	remotes := remoteBackends(d.Participants, c.island.BackendHash())
@@ -439,19 +440,25 @@ func (c *Coordinator) commit(ctx context.Context, d Decision, rec *fsm.TxnRecord
 		prepared = rec.Prepared
 	}
 	if err := c.prepareRemotes(ctx, d, prepared); err != nil {
-		return c.prepareFailed(ctx, d, err)
+		return c.prepareFailed(ctx, d, err, prepared)
 	}
 	return c.finish(ctx, d, fsm.ReasonTC, "")
 }
 
 // prepareFailed decides what a failed prepare means: a lock conflict or a
 // refusal rolls the transaction back for good; an island that did not
-// answer leaves it pending for a retry (or its expiry).
-func (c *Coordinator) prepareFailed(ctx context.Context, d Decision, err error) (*fsm.TxnInfo, error) {
+// answer leaves it pending for a retry (or its expiry). An island that had
+// prepared before (prepared: a renewed pending decision) still holds what
+// it prepared then, whatever it answered now, and is told the rollback.
+func (c *Coordinator) prepareFailed(ctx context.Context, d Decision, err error, prepared []string) (*fsm.TxnInfo, error) {
 	e := envelope(err)
 	var r *refusal
 	if errors.As(err, &r) {
-		d.settled = r.settled
+		for _, b := range r.settled {
+			if !slices.Contains(prepared, b) {
+				d.settled = append(d.settled, b)
+			}
+		}
 	}
 	switch {
 	case e != nil && e.Code == errcode.TxnLockConflict.Code:

@@ -985,3 +985,32 @@ func TestReplayLeavesATransactionWithoutAPendingDecisionToItsLeases(t *testing.T
 		t.Fatalf("ka holds %q after the commit", doc)
 	}
 }
+
+// An island that prepared a transaction and answers a renewed pending
+// decision (one more key) with a lock conflict still holds what it prepared
+// the first time: the rollback that follows is sent there too, and frees it.
+func TestAConflictOnARenewedPrepareRollsBackWhatTheIslandPreparedBefore(t *testing.T) {
+	a, b := startIsland(t, "a"), startIsland(t, "b")
+	register(t, a, b)
+	ctx := context.Background()
+	txn := xid.New().String()
+	exp := time.Now().Add(10 * time.Minute).Unix()
+	if out, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStatePending,
+		ExpiresAtUnix: exp, Participants: []wire.TxnParticipant{part("kb1", b)}}); err != nil || out.State != wire.TxnStatePending {
+		t.Fatalf("pending: %+v %v", out, err)
+	}
+	acquire(t, b.client(), "kb2", xid.New().String(), "other")
+	_, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStatePending,
+		ExpiresAtUnix: exp, Participants: []wire.TxnParticipant{part("kb1", b), part("kb2", b)}})
+	wantCode(t, err, http.StatusConflict, "txn_lock_conflict")
+	deadline := time.Now().Add(10 * time.Second)
+	for r := b.record(txn); r == nil || r.State != fsm.TxnRollback; r = b.record(txn) {
+		if time.Now().After(deadline) {
+			t.Fatalf("b was not told the rollback: %+v", r)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if d, err := b.client().Describe(ctx, "", "kb1"); err != nil || d.LeaseID != "" {
+		t.Fatalf("kb1 on b after the rollback: %+v %v", d, err)
+	}
+}
