@@ -774,6 +774,10 @@ func (s *applyState) utxoSpend(c *UTXOSpendCmd) *Result {
 			// The same spend again: done already, nothing changes.
 		case o.Frozen:
 			b.failItem(i, wire.UTXOFrozen, o)
+		case o.Rsv != nil && o.Rsv.Txn == c.TxnID:
+			// The transaction reserved it for another spender (earlier in
+			// this request, or before): as good as spent by that one.
+			b.failItem(i, wire.UTXOSpent, &utxoOutput{Spender: o.Rsv.Spender, Vin: o.Rsv.Vin})
 		case o.Rsv != nil:
 			b.failItem(i, wire.UTXOLockedPrefix+o.Rsv.Txn, o)
 		case o.Spent:

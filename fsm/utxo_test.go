@@ -202,3 +202,30 @@ func TestCreatorRecordsAfterABlockCreatedTheTxChangeNothing(t *testing.T) {
 		t.Fatal("vout 2, spent by the block, was spent again")
 	}
 }
+
+// An outpoint a staged spend lists twice for two children fails the second
+// item with SPENT, naming the first child, as a plain spend does; so does
+// a later staged spend of the same transaction for another child.
+func TestStagedSpendOfAnOutpointTwiceIsSpent(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.mempoolTx(1, 1)
+	x := outHash(1, 0)
+	hs := hex.EncodeToString(x[:])
+	item := func(child byte) UTXOSpendItem {
+		return UTXOSpendItem{TxID: tidHex(1), Vout: 0, Hash: hs, Spender: tidHex(child), Vin: uint32(child)}
+	}
+	for _, spends := range [][]UTXOSpendItem{{item(2), item(3)}, {item(3)}} {
+		if len(spends) == 1 {
+			h.ok(&Command{Op: OpUTXOSpend, UTXOSpend: &UTXOSpendCmd{TxnID: "t1", TTL: 10_000, Spends: []UTXOSpendItem{item(2)}}})
+		}
+		r := h.one(&Command{Op: OpUTXOSpend, UTXOSpend: &UTXOSpendCmd{TxnID: "t1", TTL: 10_000, Spends: spends}})
+		wantCode(t, r, errcode.UTXOSpendFailed)
+		if len(r.Err.Spends) != 1 {
+			t.Fatalf("spends %d: failed items %+v, want the second child's only", len(spends), r.Err.Spends)
+		}
+		it := r.Err.Spends[0]
+		if it.Index != len(spends)-1 || it.Code != wire.UTXOSpent || it.SpendingTxID != tidHex(2) || it.Vin == nil || *it.Vin != 2 {
+			t.Fatalf("spends %d: the second child's item is %+v, want SPENT by the first", len(spends), it)
+		}
+	}
+}
