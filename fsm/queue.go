@@ -843,35 +843,31 @@ func (s *applyState) requeue(ns, queue string, k []byte, m *Message, nacked, fai
 		}
 	}
 	m.VisibleAt = s.now + delay
+	to, tk, end := queue, k, deliveryEnd{}
 	if failed && m.Failures >= m.MaxAttempts && m.DeadFrom == "" {
-		dlq := queue + DeadLetterSuffix
+		to = queue + DeadLetterSuffix
 		body := bytes.Clone(s.b(bucketQBodies).Get(k))
 		s.dropMessage(k, m)
-		dk := msgKey(ns, dlq, m.ID)
-		if old := s.message(dk); old != nil {
+		tk = msgKey(ns, to, m.ID)
+		if old := s.message(tk); old != nil {
 			// An earlier message with this id died too: the newer one
 			// takes its place.
-			s.unsettle(ns, dlq, dk, old)
-			s.dropMessage(dk, old)
+			s.unsettle(ns, to, tk, old)
+			s.dropMessage(tk, old)
 		}
 		m.Seq, m.VisibleAt, m.DeadFrom = s.nextSeq(), s.now, queue
-		if m.ExpiresAt != 0 {
-			s.put(bucketQTTL, timerKey(m.ExpiresAt, dk), nil)
-		}
-		s.put(bucketQBodies, dk, body)
-		if !s.settle(ns, dlq, dk, m) {
-			s.endDelivery(k, lease, deliveryEnd{Dropped: true})
-			return &QueueResult{}
-		}
-		s.endDelivery(k, lease, deliveryEnd{DeadLetter: dlq})
-		return &QueueResult{DeadLetter: dlq, Message: messageInfo(ns, dlq, m)}
+		s.put(bucketQBodies, tk, body)
+		end.DeadLetter = to
 	}
-	if !s.settle(ns, queue, k, m) {
+	if !s.settle(ns, to, tk, m) {
 		s.endDelivery(k, lease, deliveryEnd{Dropped: true})
 		return &QueueResult{}
 	}
-	s.endDelivery(k, lease, deliveryEnd{})
-	return &QueueResult{Requeued: true, Message: messageInfo(ns, queue, m)}
+	s.endDelivery(k, lease, end)
+	if end.DeadLetter != "" {
+		return &QueueResult{DeadLetter: to, Message: messageInfo(ns, to, m)}
+	}
+	return &QueueResult{Requeued: true, Message: messageInfo(ns, to, m)}
 }
 
 func (s *applyState) queueExtend(c *QueueExtendCmd) *Result {
