@@ -535,6 +535,11 @@ func (s *applyState) utxoRecordPhase(c *UTXOCreateCmd, txid []byte) *Result {
 		}
 	}
 	if m := c.Master; m != nil {
+		// Record 0 fixes the layout a block completing the creation follows
+		// (blockPlan.complete): record i holds the vouts from i*Count.
+		if c.First != 0 || uint64(m.Records) != max(1, (uint64(m.Vouts)+uint64(c.Count)-1)/uint64(c.Count)) {
+			return fail(errcode.MalformedCmd.With("utxo records do not cover the vouts in records of %d", c.Count))
+		}
 		if m.Records != c.Records || m.Total < 0 || m.Spent != 0 || len(m.BlockIDs) != len(m.BlockHeights) ||
 			len(m.BlockIDs) != len(m.SubtreeIdxs) || len(m.Inputs) > 1<<20 {
 			return fail(errcode.MalformedCmd.With("bad utxo master"))

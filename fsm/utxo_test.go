@@ -229,3 +229,21 @@ func TestStagedSpendOfAnOutpointTwiceIsSpent(t *testing.T) {
 		}
 	}
 }
+
+// Record 0 of a creation must lay its records out as a block completing
+// the creation would: from vout 0, just enough records of its count for
+// the vouts.
+func TestCreationRecordLayoutCoversTheVouts(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.ok(utxoStep(UTXOPhaseLock, 0))
+	tooMany := utxoStep(UTXOPhaseRecord, 0)
+	tooMany.UTXOCreate.Records, tooMany.UTXOCreate.Master.Records = 3, 3
+	wantCode(t, h.one(tooMany), errcode.MalformedCmd)
+	shifted := utxoStep(UTXOPhaseRecord, 0)
+	shifted.UTXOCreate.First = 2
+	for i := range shifted.UTXOCreate.Outputs {
+		shifted.UTXOCreate.Outputs[i].Vout += 2
+	}
+	wantCode(t, h.one(shifted), errcode.MalformedCmd)
+	h.ok(utxoStep(UTXOPhaseRecord, 0))
+}
