@@ -793,29 +793,27 @@ func (s *applyState) queueNack(c *QueueNackCmd) *Result {
 	if fin != nil {
 		if end, ok := s.deliveryEnded(c.MessageRef); ok && !end.Acked {
 			// A retry: answered with where the first attempt put the message.
-			return &Result{Released: true, Queue: &QueueResult{Requeued: end.DeadLetter == "" && !end.Dropped, DeadLetter: end.DeadLetter}}
+			return &Result{Released: true, Queue: end.outcome()}
 		}
 		return fin
 	}
 	if m.Lease.TxnID != "" {
+		// The rollback ends the delivery (queueResource.finish, requeue).
 		s.decide(m.Lease.TxnID, false, ReasonRelease)
-		res := s.queueOutcome(c.Namespace, c.Queue, k)
+		end, _ := s.deliveryEnded(c.MessageRef)
+		res := end.outcome()
+		if m := s.message(k); m != nil && res.Requeued {
+			res.Message = messageInfo(c.Namespace, c.Queue, m)
+		}
 		return &Result{Released: true, Queue: res}
 	}
 	res := s.requeue(c.Namespace, c.Queue, k, m, true, !c.Defer, c.Delay, c.LastError)
 	return &Result{Released: true, Queue: res}
 }
 
-// queueOutcome reports where message k is now.
-func (s *applyState) queueOutcome(ns, queue string, k []byte) *QueueResult {
-	if m := s.message(k); m != nil {
-		return &QueueResult{Requeued: true, Message: messageInfo(ns, queue, m)}
-	}
-	_, _, id := splitMsgKey(k)
-	if dlq := queue + DeadLetterSuffix; s.message(msgKey(ns, dlq, id)) != nil {
-		return &QueueResult{DeadLetter: dlq}
-	}
-	return &QueueResult{} // dropped: its time to live had passed
+// outcome reports where a nack that ended the delivery put the message.
+func (e deliveryEnd) outcome() *QueueResult {
+	return &QueueResult{Requeued: e.DeadLetter == "" && !e.Dropped, DeadLetter: e.DeadLetter}
 }
 
 // requeue ends a delivery: the message is ready again after delay, or, when

@@ -751,3 +751,27 @@ func stagedCount(h *harness) int {
 	_ = h.f.View(func(v *View) error { n = v.StagedWrites(); return nil })
 	return n
 }
+
+// A nack of an enlisted delivery whose message's time to live had passed
+// says it was dropped, even when an earlier message of the same id lies in
+// the dead-letter queue.
+func TestEnlistedNackOfAMessagePastItsTTLSaysDropped(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	first := enq("q", "m1", "a")
+	first.Enqueue.MaxAttempts = 1
+	h.one(first)
+	if r := h.one(nackCmd(ref(mustDeliver(t, h.one(deq("q", "r0", 0)))))); r.Err != nil || r.Queue.DeadLetter == "" {
+		t.Fatalf("the first m1 is not dead-lettered: %+v", r)
+	}
+	again := enq("q", "m1", "b")
+	again.Enqueue.TTL = 5_000
+	h.one(again)
+	d := deq("q", "r1", 0)
+	d.Dequeue.TxnID = "tx"
+	m := mustDeliver(t, h.one(d))
+	h.now += 6_000
+	r := h.one(nackCmd(ref(m)))
+	if r.Err != nil || r.Queue.Requeued || r.Queue.DeadLetter != "" {
+		t.Fatalf("nack of a message past its TTL answered %+v %v", r.Queue, r.Err)
+	}
+}
