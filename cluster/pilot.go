@@ -36,6 +36,9 @@ type pilot struct {
 	active  atomic.Bool  // autopilot and the reconcile loop run
 	starts  atomic.Int64 // autopilot starts, for tests
 	removes atomic.Int64 // failed-server removals in progress
+	// fetchGate, when set (tests), holds every fetch of the servers'
+	// progress until the channel is closed, past the fetch's own deadline.
+	fetchGate atomic.Pointer[chan struct{}]
 	// failedSeen counts the times autopilot was told of a failed server.
 	failedSeen atomic.Int64
 
@@ -290,6 +293,9 @@ func (p *pilot) KnownServers() map[raft.ServerID]*autopilot.Server {
 
 // FetchServerStats implements autopilot.ApplicationIntegration.
 func (p *pilot) FetchServerStats(ctx context.Context, servers map[raft.ServerID]*autopilot.Server) map[raft.ServerID]*autopilot.ServerStats {
+	if gate := p.fetchGate.Load(); gate != nil {
+		<-*gate
+	}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	out := map[raft.ServerID]*autopilot.ServerStats{}
