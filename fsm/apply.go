@@ -198,11 +198,16 @@ func (s *applyState) acquire(c *AcquireCmd) *Result {
 	if t != nil && t.State != TxnPending {
 		return fail(decidedErr(t))
 	}
+	if t != nil && t.Home == "" && s.expiredIn(c.TxnID, t) {
+		// The sweeper has yet to roll it back; it joins nothing meanwhile.
+		return fail(errcode.TxnRolledBack.With("a lease of the transaction expired, so it rolls back"))
+	}
 	k := keyOf(c.Namespace, c.Key)
 	rec := s.keyRecord(k)
-	// A retry of a request that already holds the key, or another acquire by
-	// the transaction holding it, gets the existing lease back.
-	if l := rec.Lease; l != nil && (l.RequestID == c.RequestID || l.TxnID == c.TxnID) {
+	// Another acquire by the transaction holding the key, or a retry of the
+	// request that obtained the lease while the lease lasts, gets the
+	// existing lease back; a retry finding it expired waits like anyone.
+	if l := rec.Lease; l != nil && (l.TxnID == c.TxnID || l.RequestID == c.RequestID && l.ExpiresAt > s.now) {
 		return &Result{Lease: leaseInfo(c.Namespace, c.Key, &rec)}
 	}
 	if wk := s.b(bucketWaitReq).Get([]byte(c.RequestID)); wk != nil {

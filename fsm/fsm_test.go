@@ -882,6 +882,34 @@ func TestCommitRefusedWhenAnyLeaseOfTheTransactionExpired(t *testing.T) {
 	}
 }
 
+// A lease that has run out is not handed out again by an acquire, even
+// before the sweeper rolled its transaction back: its transaction cannot
+// join keys any more, and a retry of the request that obtained it waits
+// for the key like any other acquirer.
+func TestAcquireDoesNotHandOutAnExpiredLease(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	mustLease(t, h.one(acq("a", "tx", "r1", 1_000, 0)))
+	h.now += 1_500
+	wantCode(t, h.one(acq("a", "tx", "join-a", 10_000, 0)), errcode.TxnRolledBack)
+	wantCode(t, h.one(acq("c", "tx", "join-c", 10_000, 0)), errcode.TxnRolledBack)
+	var c KeyRecord
+	_ = h.f.View(func(v *View) error { c, _ = v.Key("default", "c"); return nil })
+	if c.Lease != nil {
+		t.Fatalf("a transaction with an expired lease was granted another key: %+v", c.Lease)
+	}
+	wantCode(t, h.one(acq("a", "t-retry", "r1", 10_000, 0)), errcode.Waiting)
+	if r := h.one(acq("a", "t-retry", "r1", 10_000, 5_000)); !r.Queued {
+		t.Fatalf("a retry of the expired lease's request: %+v (err %v), want it queued", r, r.Err)
+	}
+	h.rec.events = nil
+	h.one(sweep())
+	g := events(h, EventGranted)["r1"]
+	if g == nil || g.Lease.TxnID != "t-retry" || g.Lease.Token != 2 || g.Lease.ExpiresAt != h.now+10_000 {
+		t.Fatalf("the retry was not granted a new lease when the expired one was swept: %+v", h.rec.events)
+	}
+	checkInvariants(t, h)
+}
+
 func TestTransactionsAreBounded(t *testing.T) {
 	h := openHarness(t, t.TempDir())
 	cmds := make([]*Command, MaxParticipants)
