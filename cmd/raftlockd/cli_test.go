@@ -693,6 +693,41 @@ func TestCLIKeepAliveDescribe(t *testing.T) {
 	}
 }
 
+// TestCLIRemoveConditions stages a removal only when --if-version and
+// --if-etag match the holder's view, as update does.
+func TestCLIRemoveConditions(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	first := parseExports(t, mustCLI(t, srv.clientEnv(), "", "client", "acquire", "--key", "rmc"))
+	var up wire.UpdateResponse
+	if err := json.Unmarshal([]byte(mustCLI(t, srv.clientEnv(envList(first)...), `{"v":1}`, "client", "update")), &up); err != nil {
+		t.Fatal(err)
+	}
+	mustCLI(t, srv.clientEnv(envList(first)...), "", "client", "release")
+	env := srv.clientEnv(envList(parseExports(t, mustCLI(t, srv.clientEnv(), "", "client", "acquire", "--key", "rmc")))...)
+	for _, c := range []struct {
+		args []string
+		code string
+	}{
+		{[]string{"--if-version", "0"}, "version_conflict"},
+		{[]string{"--if-etag", strings.Repeat("0", 64)}, "etag_mismatch"},
+		{[]string{"--if-version", "1", "--if-etag", strings.Repeat("0", 64)}, "etag_mismatch"},
+	} {
+		res := cli(t, env, "", append([]string{"client", "remove"}, c.args...)...)
+		if res.code == 0 || !strings.Contains(res.stderr, c.code) {
+			t.Fatalf("remove %v: exit %d, stdout %q, stderr %q; want %s", c.args, res.code, res.stdout, res.stderr, c.code)
+		}
+	}
+	wantJSON(t, "holder's view after refused removals", mustCLI(t, env, "", "client", "get"), `{"v":1}`)
+	out := mustCLI(t, env, "", "client", "remove", "--if-version", "1", "--if-etag", up.NewStateETag)
+	var rm wire.RemoveResponse
+	if err := json.Unmarshal([]byte(out), &rm); err != nil || !rm.Removed || rm.NewVersion != 2 {
+		t.Fatalf("conditional remove printed %q (%v), want removed at version 2", out, err)
+	}
+	mustCLI(t, env, "", "client", "release")
+	wantEmpty(t, "public view after the removal", mustCLI(t, srv.clientEnv(), "", "client", "get", "--key", "rmc"))
+}
+
 // TestCLIErrors checks that failures exit non-zero, print nothing to stdout
 // (so `eval` does nothing) and name the stable error code on stderr.
 func TestCLIErrors(t *testing.T) {

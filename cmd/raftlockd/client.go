@@ -245,10 +245,29 @@ func readInput(cmd *cobra.Command, args []string) ([]byte, error) {
 	return io.ReadAll(cmd.InOrStdin())
 }
 
+// casFlags are the compare-and-swap conditions of update and remove.
+type casFlags struct {
+	ifVersion int64
+	ifETag    string
+}
+
+func (c *casFlags) register(cmd *cobra.Command) {
+	cmd.Flags().Int64Var(&c.ifVersion, "if-version", 0, "only if the current version is this")
+	cmd.Flags().StringVar(&c.ifETag, "if-etag", "", "only if the current state ETag is this")
+}
+
+// conditions are the conditions cmd was given; a version only when set.
+func (c *casFlags) conditions(cmd *cobra.Command) client.Conditions {
+	cond := client.Conditions{IfETag: c.ifETag}
+	if cmd.Flags().Changed("if-version") {
+		cond.IfVersion = &c.ifVersion
+	}
+	return cond
+}
+
 func newUpdateCmd(opts *clientOpts) *cobra.Command {
 	var l leaseFlags
-	var ifVersion int64
-	var ifETag string
+	var cas casFlags
 	cmd := &cobra.Command{
 		Use:   "update [FILE|-]",
 		Short: "Stage new JSON state for a held key, read from FILE or stdin",
@@ -263,12 +282,7 @@ func newUpdateCmd(opts *clientOpts) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			var cond client.Conditions
-			if cmd.Flags().Changed("if-version") {
-				cond.IfVersion = &ifVersion
-			}
-			cond.IfETag = ifETag
-			out, err := c.Update(ctx, l.ref(opts.namespace), doc, cond)
+			out, err := c.Update(ctx, l.ref(opts.namespace), doc, cas.conditions(cmd))
 			if err != nil {
 				return err
 			}
@@ -276,13 +290,13 @@ func newUpdateCmd(opts *clientOpts) *cobra.Command {
 		},
 	}
 	l.register(cmd, true)
-	cmd.Flags().Int64Var(&ifVersion, "if-version", 0, "only if the current version is this")
-	cmd.Flags().StringVar(&ifETag, "if-etag", "", "only if the current state ETag is this")
+	cas.register(cmd)
 	return cmd
 }
 
 func newRemoveCmd(opts *clientOpts) *cobra.Command {
 	var l leaseFlags
+	var cas casFlags
 	cmd := &cobra.Command{
 		Use:   "remove",
 		Short: "Stage the removal of a held key's state",
@@ -293,7 +307,7 @@ func newRemoveCmd(opts *clientOpts) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			out, err := c.Remove(ctx, l.ref(opts.namespace), client.Conditions{})
+			out, err := c.Remove(ctx, l.ref(opts.namespace), cas.conditions(cmd))
 			if err != nil {
 				return err
 			}
@@ -301,6 +315,7 @@ func newRemoveCmd(opts *clientOpts) *cobra.Command {
 		},
 	}
 	l.register(cmd, true)
+	cas.register(cmd)
 	return cmd
 }
 
