@@ -473,8 +473,8 @@ func describe(t testing.TB, env []string, key string) wire.DescribeResponse {
 }
 
 func TestParseSeconds(t *testing.T) {
-	for in, want := range map[string]int64{"0": 0, "30": 30, "-1": -1, "30s": 30, "1m": 60, "1.4s": 1, "1.5s": 2,
-		"300ms": 1, "1ns": 1, "0s": 0, "-1s": -1} {
+	for in, want := range map[string]int64{"0": 0, "30": 30, "-1": -1, "30s": 30, "1m": 60, "1.4s": 2, "1.5s": 2,
+		"2400ms": 3, "300ms": 1, "1ns": 1, "0s": 0, "-1s": -1, "-500ms": -1, "-2s": -2, "nowait": -1, "forever": 0} {
 		if got, err := parseSeconds(in); err != nil || got != want {
 			t.Errorf("parseSeconds(%q) = %d, %v; want %d", in, got, err, want)
 		}

@@ -52,21 +52,34 @@ func (l *leaseFlags) ref(ns string) client.LeaseRef {
 	return client.LeaseRef{Namespace: ns, Key: l.key, LeaseID: l.lease, TxnID: l.txnID, FencingToken: l.fencing}
 }
 
-// parseSeconds reads "30s", "1m" or a bare number of seconds. A positive
-// duration under half a second counts as one second, not as 0 (which means
-// "the server's default/maximum").
+// parseSeconds reads "30s", "1m", a bare number of seconds, or the words
+// "nowait" (-1: do not wait) and "forever" (0: as long as the server
+// allows). A positive duration is rounded up to whole seconds, so a lease
+// or a wait is never shorter than asked for, and a fraction of a second
+// does not become 0 (which means "the server's default/maximum"); a
+// negative one means -1 or less ("do not wait").
 func parseSeconds(s string) (int64, error) {
+	switch s {
+	case "nowait":
+		return -1, nil
+	case "forever":
+		return 0, nil
+	}
 	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
 		return n, nil
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil {
-		return 0, fmt.Errorf("%q is neither seconds nor a duration", s)
+		return 0, fmt.Errorf("%q is neither seconds, a duration, nowait nor forever", s)
 	}
-	if d > 0 && d < time.Second {
-		return 1, nil
+	secs := int64(d / time.Second)
+	switch {
+	case d > 0 && d%time.Second != 0:
+		secs++
+	case d < 0 && secs == 0:
+		secs = -1
 	}
-	return int64(d.Round(time.Second) / time.Second), nil
+	return secs, nil
 }
 
 func defaultOwner() string {
@@ -157,7 +170,7 @@ joins that transaction.`,
 	f := cmd.Flags()
 	f.StringVar(&owner, "owner", defaultOwner(), "owner recorded on the lease")
 	f.StringVar(&ttl, "ttl", "0", "lease TTL, e.g. 30s (0: server default)")
-	f.StringVar(&block, "block", "0", "how long to wait for a held key, e.g. 10s (0: server maximum, -1: do not wait)")
+	f.StringVar(&block, "block", "0", "how long to wait for a held key, e.g. 10s (0 or forever: server maximum, -1 or nowait: do not wait)")
 	f.BoolVar(&ifNotExists, "if-not-exists", false, "fail with already_exists when the key has state or a holder")
 	f.StringVar(&idem, "idempotency-key", "", "request identity; retries with the same key get the same lease")
 	return cmd

@@ -232,7 +232,7 @@ When no message comes within --wait the command fails with "waiting".`,
 	f.StringVar(&queue, "queue", "", "queue")
 	f.StringVar(&owner, "owner", defaultOwner(), "owner recorded on the delivery")
 	f.StringVar(&visibility, "visibility", "0", "how long the delivery stays leased, e.g. 30s (0: the message's own)")
-	f.StringVar(&wait, "wait", "0", "how long to wait for a message, e.g. 10s (0: server maximum, -1: do not wait)")
+	f.StringVar(&wait, "wait", "0", "how long to wait for a message, e.g. 10s (0 or forever: server maximum, -1 or nowait: do not wait)")
 	f.StringVar(&txnID, "txn-id", "", "enlist the delivery in this transaction")
 	f.BoolVar(&withState, "with-state", false, "also lease the message's state sidecar")
 	f.StringVar(&payloadFile, "payload-file", "", "write the payload to this file (default: a new temporary file)")
