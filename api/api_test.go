@@ -660,3 +660,27 @@ func TestPprofOnlyWhenEnabled(t *testing.T) {
 		t.Fatalf("pprof with --pprof: %d %.200s", r.status, r.body)
 	}
 }
+
+// A rollback must name the height to roll back to: an absent or null
+// to_height is refused, not a rollback of every block.
+func TestUTXORollbackNeedsItsHeight(t *testing.T) {
+	e := newEnv(t)
+	if r := e.post("/v1/utxo/blocks/apply", nil, chaingen.New("rollback").Fund(1, 1)); r.status != 200 {
+		t.Fatalf("block: %d %s", r.status, r.body)
+	}
+	for _, body := range []string{`{}`, `{"to_height":null}`} {
+		wantErr(t, e.post("/v1/utxo/blocks/rollback", nil, body), http.StatusBadRequest, "invalid_body")
+	}
+	var st wire.UTXOStatus
+	if r := e.do(http.MethodGet, "/v1/utxo/status", nil, ""); r.status != 200 {
+		t.Fatalf("status: %d %s", r.status, r.body)
+	} else {
+		r.json(t, &st)
+	}
+	if st.ChainHeight != 1 || st.BlocksRolledBack != 0 {
+		t.Fatalf("a refused rollback changed the chain: height %d, %d blocks rolled back", st.ChainHeight, st.BlocksRolledBack)
+	}
+	if r := e.post("/v1/utxo/blocks/rollback", nil, `{"to_height":0}`); r.status != 200 {
+		t.Fatalf("rollback to 0: %d %s", r.status, r.body)
+	}
+}

@@ -76,7 +76,8 @@ func utxoPost[Req, Resp any](h *handler, limit int64, call func(context.Context,
 
 // decodeUTXO reads the body of a UTXO request: one JSON object of at most
 // limit bytes, without unknown fields or trailing data. Every UTXO request
-// has fields to fill, so an empty body is missing_body.
+// has fields to fill, so an empty body is missing_body. A required field
+// that is null is as absent as one left out.
 func decodeUTXO(w http.ResponseWriter, r *http.Request, limit int64, v any) error {
 	raw, err := readBody(w, r, limit)
 	if err != nil {
@@ -96,7 +97,7 @@ func decodeUTXO(w http.ResponseWriter, r *http.Request, limit int64, v any) erro
 		var present map[string]json.RawMessage
 		_ = json.Unmarshal(raw, &present)
 		for _, f := range rq.RequiredFields() {
-			if _, ok := present[f]; !ok {
+			if rawJSON(present[f]) == nil {
 				return errcode.InvalidBody.With("%s needs %s", r.URL.Path, f)
 			}
 		}

@@ -92,8 +92,9 @@ func TestUTXOBadInputNeverReachesTheService(t *testing.T) {
 				}
 			}
 			if ep.path == "/v1/utxo/height" {
-				// An absent height is not height 0.
+				// An absent or null height is not height 0.
 				wantErr(t, serve(h, http.MethodPost, ep.path, `{}`), http.StatusBadRequest, errcode.InvalidBody.Code)
+				wantErr(t, serve(h, http.MethodPost, ep.path, `{"block_height":null}`), http.StatusBadRequest, errcode.InvalidBody.Code)
 			}
 			if calls := u.Called(); len(calls) != 0 {
 				t.Fatalf("bad input reached the service: %v", calls)

@@ -167,7 +167,7 @@ type UTXOHeightRequest struct {
 }
 
 // RequiredFields names what the request must carry although its zero value
-// is a height: an absent block_height is an error, not 0.
+// is a height: an absent (or null) block_height is an error, not 0.
 func (UTXOHeightRequest) RequiredFields() []string { return []string{"block_height"} }
 
 // UTXOUpdateResponse answers the outpoint, flag, mined and height
@@ -266,6 +266,10 @@ type UTXOBlockResponse struct {
 type UTXORollbackRequest struct {
 	ToHeight uint32 `json:"to_height"`
 }
+
+// RequiredFields: an absent (or null) to_height is an error, not a
+// rollback of every block.
+func (UTXORollbackRequest) RequiredFields() []string { return []string{"to_height"} }
 
 // UTXORollbackResponse answers POST /v1/utxo/blocks/rollback.
 type UTXORollbackResponse struct {
