@@ -684,3 +684,17 @@ func TestUTXORollbackNeedsItsHeight(t *testing.T) {
 		t.Fatalf("rollback to 0: %d %s", r.status, r.body)
 	}
 }
+
+// A correlation id is echoed up to 128 bytes; a longer one is replaced.
+func TestCorrelationIDLimit(t *testing.T) {
+	e := newEnv(t)
+	for _, c := range []struct {
+		sent string
+		echo bool
+	}{{strings.Repeat("c", 128), true}, {strings.Repeat("c", 129), false}} {
+		got := e.do(http.MethodGet, "/healthz", map[string]string{wire.HeaderCorrelationID: c.sent}, "").header.Get(wire.HeaderCorrelationID)
+		if (got == c.sent) != c.echo || got == "" {
+			t.Fatalf("sent %d bytes, answered %q", len(c.sent), got)
+		}
+	}
+}
