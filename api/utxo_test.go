@@ -91,10 +91,18 @@ func TestUTXOBadInputNeverReachesTheService(t *testing.T) {
 					t.Errorf("%s: Allow %q, want POST", c.name, r.header.Get("Allow"))
 				}
 			}
-			if ep.path == "/v1/utxo/height" {
-				// An absent or null height is not height 0.
-				wantErr(t, serve(h, http.MethodPost, ep.path, `{}`), http.StatusBadRequest, errcode.InvalidBody.Code)
-				wantErr(t, serve(h, http.MethodPost, ep.path, `{"block_height":null}`), http.StatusBadRequest, errcode.InvalidBody.Code)
+			// A required field absent or null is not its zero value.
+			txids := `"txids":["` + hex64("a") + `"]`
+			for _, body := range map[string][]string{
+				"/v1/utxo/height":        {`{}`, `{"block_height":null}`},
+				"/v1/utxo/conflicting":   {`{` + txids + `}`, `{` + txids + `,"value":null}`},
+				"/v1/utxo/locked":        {`{` + txids + `}`},
+				"/v1/utxo/preserve":      {`{` + txids + `}`, `{` + txids + `,"until_height":null}`},
+				"/v1/utxo/longest-chain": {`{` + txids + `}`},
+				"/v1/utxo/mined": {`{` + txids + `,"block_height":2}`, `{` + txids + `,"block_id":1}`,
+					`{` + txids + `,"block_id":1,"block_height":null}`, `{` + txids + `,"unset":true}`},
+			}[ep.path] {
+				wantErr(t, serve(h, http.MethodPost, ep.path, body), http.StatusBadRequest, errcode.InvalidBody.Code)
 			}
 			if calls := u.Called(); len(calls) != 0 {
 				t.Fatalf("bad input reached the service: %v", calls)
@@ -105,6 +113,12 @@ func TestUTXOBadInputNeverReachesTheService(t *testing.T) {
 			}
 			if calls := u.Called(); len(calls) != 1 || calls[0] != ep.call {
 				t.Fatalf("valid body reached %v, want [%s]", calls, ep.call)
+			}
+			if ep.path == "/v1/utxo/mined" {
+				// A block being taken off needs no height.
+				if r := serve(h, http.MethodPost, ep.path, `{`+txids+`,"block_id":1,"unset":true}`); r.status != http.StatusOK {
+					t.Fatalf("unset without a height: %d %s", r.status, r.body)
+				}
 			}
 		})
 	}

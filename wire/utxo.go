@@ -138,11 +138,19 @@ type UTXOFlagRequest struct {
 	Value bool     `json:"value"`
 }
 
+// RequiredFields: an absent (or null) value is an error, not a clearing
+// of the flag.
+func (UTXOFlagRequest) RequiredFields() []string { return []string{"value"} }
+
 // UTXOPreserveRequest is the body of /v1/utxo/preserve.
 type UTXOPreserveRequest struct {
 	TxIDs       []string `json:"txids"`
 	UntilHeight uint32   `json:"until_height"`
 }
+
+// RequiredFields: an absent (or null) until_height is an error, not a
+// preservation that ends at once.
+func (UTXOPreserveRequest) RequiredFields() []string { return []string{"until_height"} }
 
 // UTXOMinedRequest is the body of /v1/utxo/mined: the transactions are in
 // block BlockID (or, with Unset, no longer are).
@@ -155,11 +163,25 @@ type UTXOMinedRequest struct {
 	Unset          bool     `json:"unset,omitempty"`
 }
 
+// RequiredFields: the block is always named; a block being added also
+// needs its height, which would otherwise be taken as 0 and the
+// transactions' retention counted from there.
+func (r UTXOMinedRequest) RequiredFields() []string {
+	if r.Unset {
+		return []string{"block_id"}
+	}
+	return []string{"block_id", "block_height"}
+}
+
 // UTXOLongestChainRequest is the body of /v1/utxo/longest-chain.
 type UTXOLongestChainRequest struct {
 	TxIDs          []string `json:"txids"`
 	OnLongestChain bool     `json:"on_longest_chain"`
 }
+
+// RequiredFields: an absent (or null) on_longest_chain is an error, not
+// false.
+func (UTXOLongestChainRequest) RequiredFields() []string { return []string{"on_longest_chain"} }
 
 // UTXOHeightRequest is the body of /v1/utxo/height.
 type UTXOHeightRequest struct {
