@@ -15,8 +15,22 @@ import (
 	"github.com/raftlockd/raftlockd/fsm"
 )
 
-// RemovePeer takes server id out of the voter set, through the leader.
+// RemovePeer takes server id out of the voter set, through the leader. A
+// leader asked to remove itself hands its leadership over first; the
+// request then goes to the new leader.
 func (n *Node) RemovePeer(ctx context.Context, id string) error {
+	start := time.Now()
+	for {
+		err := n.removePeerOnce(ctx, id)
+		var e *errcode.Error
+		if err == nil || !errors.As(err, &e) || e.Code != errcode.NotLeader.Code || time.Since(start) >= n.cfg.LeaderWait ||
+			!sleepCtx(ctx, n.done, 50*time.Millisecond) {
+			return err
+		}
+	}
+}
+
+func (n *Node) removePeerOnce(ctx context.Context, id string) error {
 	addr, leader, err := n.awaitLeader(ctx)
 	if err != nil {
 		return err
@@ -52,6 +66,16 @@ func (n *Node) removeLocal(ctx context.Context, id string) error {
 	}
 	if err := n.checkLiveMajority(ctx, servers, id); err != nil {
 		return err
+	}
+	if id == n.cfg.NodeID {
+		// The leader that removes a server remembers not to add it back
+		// while it runs (gossip.forget); a leader that removed itself would
+		// take that memory with it, and the next leader would add it
+		// straight back. So the next leader removes it.
+		if err := n.transferLeadership(); err != nil {
+			return err
+		}
+		return n.notLeader()
 	}
 	timeout := 10 * time.Second
 	if d, ok := ctx.Deadline(); ok {
@@ -232,10 +256,10 @@ func (n *Node) Members() []Member {
 }
 
 // Leave takes this node out of the cluster: a leader hands its leadership
-// over first, then the leader removes this node from the Raft configuration
-// and gossip announces the departure. The cluster's only voter cannot leave
-// (last_voter). Afterwards the OnLeft functions run; they shut the node
-// down.
+// over first (RemovePeer), then the leader removes this node from the Raft
+// configuration and gossip announces the departure. The cluster's only
+// voter cannot leave (last_voter). Afterwards the OnLeft functions run;
+// they shut the node down.
 func (n *Node) Leave(ctx context.Context) error {
 	servers, err := n.Servers()
 	if err != nil {
@@ -243,11 +267,6 @@ func (n *Node) Leave(ctx context.Context) error {
 	}
 	if onlyVoter(servers, n.cfg.NodeID) {
 		return errcode.LastVoter.With("node %s is the cluster's only voter; it cannot leave", n.cfg.NodeID)
-	}
-	if n.IsLeader() && len(servers) > 1 {
-		if err := n.transferLeadership(); err != nil {
-			return err
-		}
 	}
 	for {
 		err := n.RemovePeer(ctx, n.cfg.NodeID)

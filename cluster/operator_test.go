@@ -76,9 +76,10 @@ func TestLastVoterCannotLeave(t *testing.T) {
 	}
 }
 
-// A leader that removes itself steps down instead of shutting raft down
-// under the proposals it serves: the removal and every proposal are
-// answered, the others elect a leader, and the old leader closes cleanly.
+// A leader asked to remove itself hands its leadership over and is removed
+// by the next one, without shutting raft down under the proposals it
+// serves: the removal and every proposal are answered, and the old leader
+// closes cleanly.
 func TestRemovedLeaderStepsDownAndAnswersEveryProposal(t *testing.T) {
 	nodes := startStatic(t, 3)
 	leader := leaderOf(t, nodes)
@@ -129,4 +130,29 @@ func TestRemovedLeaderStepsDownAndAnswersEveryProposal(t *testing.T) {
 	if err := leader.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// A leader removed with remove-peer while it keeps running stays out: the
+// next leader, not the removed one, takes it out and remembers doing so.
+func TestRemovedLeaderStaysOutWhileItRuns(t *testing.T) {
+	nodes := openAll(t, sameFlags(t, []string{"n1", "n2", "n3"}, 3))
+	leader := leaderWithin(t, nodes)
+	rest := followers(nodes, leader)
+	// A removal cut short by a leadership change is asked for again; one
+	// that went through then answers not_found.
+	waitFor(t, 20*time.Second, "the leader's removal", func() bool {
+		err := rest[0].RemovePeer(context.Background(), leader.ID())
+		return err == nil || errors.Is(err, errcode.NotFound)
+	})
+	next := leaderWithin(t, rest)
+	for range 3 {
+		next.gossip.pilot.addNewServers()
+	}
+	if _, ok := next.gossip.pilot.KnownServers()[raft.ServerID(leader.ID())]; ok {
+		t.Fatal("autopilot is told about the removed leader")
+	}
+	if v := voters(t, next); len(v) != 2 {
+		t.Fatalf("configuration after removing the leader %s: %v", leader.ID(), v)
+	}
+	acquire(t, next, "after-removing-the-leader")
 }
