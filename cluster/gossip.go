@@ -105,6 +105,7 @@ type gossip struct {
 	members map[string]*Member
 	missing map[string]time.Time // servers in the Raft configuration never seen alive, since when
 	removed map[string]bool      // servers taken out of the configuration: not added back until they rejoin
+	config  map[string]bool      // the servers of the Raft configuration when noteRemovals last looked
 
 	self         atomic.Pointer[memberMeta]
 	joined       atomic.Bool
@@ -561,8 +562,33 @@ func (g *gossip) refreshLoop() {
 			return
 		case <-t.C:
 			g.refresh()
+			g.noteRemovals()
 		}
 	}
+}
+
+// noteRemovals remembers, as removed on purpose, every server that has left
+// the Raft configuration since this node last looked. Every node watches,
+// so that whichever becomes leader next does not add back a server another
+// leader removed while it still runs; one that was dead, or restarts,
+// rejoins as usual (observe).
+func (g *gossip) noteRemovals() {
+	servers, err := g.n.Servers()
+	if err != nil {
+		return
+	}
+	cur := make(map[string]bool, len(servers))
+	for _, s := range servers {
+		cur[string(s.ID)] = true
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for id := range g.config {
+		if !cur[id] {
+			g.removed[id] = true
+		}
+	}
+	g.config = cur
 }
 
 func (g *gossip) refresh() {

@@ -156,3 +156,43 @@ func TestRemovedLeaderStaysOutWhileItRuns(t *testing.T) {
 	}
 	acquire(t, next, "after-removing-the-leader")
 }
+
+// A server removed while it keeps running stays out after the leader that
+// removed it hands its leadership over: every node remembers the removals
+// it sees in the configuration.
+func TestRemovedServerStaysOutAfterALeaderChange(t *testing.T) {
+	nodes := openAll(t, sameFlags(t, []string{"n1", "n2", "n3"}, 3))
+	leader := leaderWithin(t, nodes)
+	victim, other := followers(nodes, leader)[0], followers(nodes, leader)[1]
+	waitFor(t, 10*time.Second, "every node to have looked at the configuration", func() bool {
+		for _, n := range nodes {
+			n.gossip.mu.Lock()
+			seen := n.gossip.config[victim.ID()]
+			n.gossip.mu.Unlock()
+			if !seen {
+				return false
+			}
+		}
+		return true
+	})
+	if err := leader.RemovePeer(context.Background(), victim.ID()); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the removal to reach the other follower", func() bool {
+		_, ok := voters(t, other)[victim.ID()]
+		return !ok
+	})
+	if err := leader.transferLeadership(); err != nil {
+		t.Fatalf("handing leadership over: %v", err)
+	}
+	next := leaderWithin(t, []*Node{leader, other})
+	for range 3 {
+		next.gossip.pilot.addNewServers()
+	}
+	if _, ok := next.gossip.pilot.KnownServers()[raft.ServerID(victim.ID())]; ok {
+		t.Fatalf("autopilot on %s is told about the removed server", next.ID())
+	}
+	if _, ok := voters(t, next)[victim.ID()]; ok {
+		t.Fatalf("%s added the removed server back while it runs", next.ID())
+	}
+}

@@ -154,6 +154,7 @@ func (p *pilot) reconcileLoop(ctx context.Context) {
 }
 
 func (p *pilot) addNewServers() {
+	p.g.noteRemovals()
 	servers, err := p.g.n.Servers()
 	if err != nil {
 		return
@@ -250,6 +251,7 @@ func (p *pilot) State() *autopilot.State {
 // Raft configuration counts as failed only once it has been dead (or never
 // seen alive by this leader) for DeadServerTimeout.
 func (p *pilot) KnownServers() map[raft.ServerID]*autopilot.Server {
+	p.g.noteRemovals()
 	servers, err := p.g.n.Servers()
 	if err != nil {
 		return nil
