@@ -572,11 +572,15 @@ func (g *gossip) refreshLoop() {
 // so that whichever becomes leader next does not add back a server another
 // leader removed while it still runs; one that was dead, or restarts,
 // rejoins as usual (observe).
+//
+// Only a committed configuration counts: one a new leader may still
+// discard would make a server that is being added look removed.
 func (g *gossip) noteRemovals() {
-	servers, err := g.n.Servers()
-	if err != nil {
+	cf := g.n.raft.GetConfiguration()
+	if cf.Error() != nil || cf.Index() > g.n.raft.AppliedIndex() {
 		return
 	}
+	servers := cf.Configuration().Servers
 	cur := make(map[string]bool, len(servers))
 	for _, s := range servers {
 		cur[string(s.ID)] = true
