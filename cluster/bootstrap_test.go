@@ -284,3 +284,21 @@ func TestBootstrapPromises(t *testing.T) {
 		}
 	}
 }
+
+// A server that has never heard from a leader says so (-1), rather than
+// claiming it heard from one just now; once it has, it reports how long
+// ago.
+func TestLastContactBeforeAnyLeader(t *testing.T) {
+	first := gossipConfig(t, "n1", 2, nil)
+	n1 := openNode(t, first)
+	if st := n1.Status(); st.State != "Follower" || st.LastContactMs != -1 {
+		t.Fatalf("waiting for a second server: state %s, last contact %d ms, want Follower and -1", st.State, st.LastContactMs)
+	}
+	n2 := openNode(t, gossipConfig(t, "n2", 2, []string{first.Gossip.Bind}))
+	leader := leaderWithin(t, []*Node{n1, n2})
+	follower := followers([]*Node{n1, n2}, leader)[0]
+	waitFor(t, 10*time.Second, "the follower to hear from the leader", func() bool { return follower.Status().LastContactMs >= 0 })
+	if st := leader.Status(); st.LastContactMs != 0 {
+		t.Fatalf("leader reports last contact %d ms, want 0", st.LastContactMs)
+	}
+}

@@ -415,7 +415,7 @@ type Status struct {
 	LastLogTerm   uint64 `json:"last_log_term"`
 	CommitIndex   uint64 `json:"commit_index"`
 	AppliedIndex  uint64 `json:"applied_index"`
-	LastContactMs int64  `json:"last_contact_ms"` // since the leader was last heard; 0 on the leader
+	LastContactMs int64  `json:"last_contact_ms"` // since the leader was last heard; 0 on the leader, -1 if never heard
 	BackendHash   string `json:"backend_hash,omitempty"`
 }
 
@@ -426,8 +426,11 @@ func (n *Node) Status() Status {
 		LeaderAddr: string(addr), Term: n.raft.CurrentTerm(), LastIndex: n.raft.LastIndex(),
 		LastLogTerm: parseUint(n.raft.Stats()["last_log_term"]), CommitIndex: n.raft.CommitIndex(),
 		AppliedIndex: n.fsm.Applied(), BackendHash: n.fsm.BackendHash()}
-	if lc := n.raft.LastContact(); !lc.IsZero() && !n.IsLeader() {
-		st.LastContactMs = time.Since(lc).Milliseconds()
+	if !n.IsLeader() {
+		st.LastContactMs = -1
+		if lc := n.raft.LastContact(); !lc.IsZero() {
+			st.LastContactMs = time.Since(lc).Milliseconds()
+		}
 	}
 	return st
 }

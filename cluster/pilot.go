@@ -313,6 +313,7 @@ func (p *pilot) FetchServerStats(ctx context.Context, servers map[raft.ServerID]
 				return
 			}
 			mu.Lock()
+			// A server that never heard from a leader (-1) is unhealthy to autopilot.
 			out[id] = &autopilot.ServerStats{LastContact: time.Duration(st.LastContactMs) * time.Millisecond,
 				LastTerm: st.LastLogTerm, LastIndex: st.LastIndex}
 			mu.Unlock()

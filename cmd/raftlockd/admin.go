@@ -293,13 +293,22 @@ func membersTable(w io.Writer, m *wire.ClusterMembersResponse) {
 		if r := s.Raft; r != nil {
 			state, term = r.State, strconv.FormatUint(r.Term, 10)
 			applied, commit = strconv.FormatUint(r.AppliedIndex, 10), strconv.FormatUint(r.CommitIndex, 10)
-			if r.State != "Leader" {
-				contact = (time.Duration(r.LastContactMs) * time.Millisecond).String()
-			}
+			contact = lastContact(r.State, r.LastContactMs)
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.Suffrage, s.GossipStatus, state, term,
 			applied, commit, contact, dash(s.RaftAddr), dash(s.APIEndpoint), dash(s.Error))
 	}
+}
+
+// lastContact shows how long ago a server last heard from its leader.
+func lastContact(state string, ms int64) string {
+	switch {
+	case state == "Leader":
+		return "-"
+	case ms < 0:
+		return "never"
+	}
+	return (time.Duration(ms) * time.Millisecond).String()
 }
 
 func statusTable(w io.Writer, st *wire.ClusterStatusResponse) {
@@ -307,10 +316,7 @@ func statusTable(w io.Writer, st *wire.ClusterStatusResponse) {
 	if st.LeaderEndpoint != "" {
 		leader += " (" + st.LeaderEndpoint + ")"
 	}
-	contact := "-"
-	if st.State != "Leader" {
-		contact = (time.Duration(st.LastContactMs) * time.Millisecond).String()
-	}
+	contact := lastContact(st.State, st.LastContactMs)
 	for _, kv := range [][2]string{
 		{"node", st.NodeID}, {"raft address", st.RaftAddr}, {"state", st.State}, {"leader", leader},
 		{"term", strconv.FormatUint(st.Term, 10)}, {"last index", strconv.FormatUint(st.LastIndex, 10)},

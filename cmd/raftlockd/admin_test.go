@@ -230,3 +230,15 @@ func TestProgressOutput(t *testing.T) {
 		}
 	}
 }
+
+func TestLastContactText(t *testing.T) {
+	for _, c := range []struct {
+		state string
+		ms    int64
+		want  string
+	}{{"Leader", 0, "-"}, {"Follower", -1, "never"}, {"Candidate", -1, "never"}, {"Follower", 0, "0s"}, {"Follower", 1500, "1.5s"}} {
+		if got := lastContact(c.state, c.ms); got != c.want {
+			t.Errorf("lastContact(%s, %d) = %q, want %q", c.state, c.ms, got, c.want)
+		}
+	}
+}
