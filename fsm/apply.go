@@ -198,9 +198,8 @@ func (s *applyState) acquire(c *AcquireCmd) *Result {
 	if t != nil && t.State != TxnPending {
 		return fail(decidedErr(t))
 	}
-	if t != nil && t.Home == "" && s.expiredIn(c.TxnID, t) {
-		// The sweeper has yet to roll it back; it joins nothing meanwhile.
-		return fail(errcode.TxnRolledBack.With("a lease of the transaction expired, so it rolls back"))
+	if err := s.doomed(c.TxnID, t); err != nil {
+		return fail(err)
 	}
 	k := keyOf(c.Namespace, c.Key)
 	rec := s.keyRecord(k)
@@ -244,6 +243,16 @@ func (s *applyState) acquire(c *AcquireCmd) *Result {
 	s.putJSON(bucketKeys, k, rec)
 	s.emit(Event{Kind: EventTimer, When: w.Deadline})
 	return &Result{Queued: true}
+}
+
+// doomed refuses more keys to a transaction this island coordinates that
+// has a lease which expired: the sweeper has yet to roll it back, and it
+// joins nothing meanwhile, neither by acquiring nor by a hand-off.
+func (s *applyState) doomed(txn string, t *TxnRecord) *errcode.Error {
+	if t != nil && t.Home == "" && s.expiredIn(txn, t) {
+		return errcode.TxnRolledBack.With("a lease of the transaction expired, so it rolls back")
+	}
+	return nil
 }
 
 // retryAfter is how many seconds (at least one) remain of the lease on rec.
@@ -383,6 +392,10 @@ func (s *applyState) releaseLease(k []byte, rec *KeyRecord) {
 			continue
 		case tooLarge(t, ns, key):
 			s.emit(Event{Kind: EventWaitEnded, RequestID: w.RequestID, Attempt: w.Attempt, Err: errcode.TxnTooLarge.With("a transaction holds at most %d keys", MaxParticipants)})
+			continue
+		}
+		if err := s.doomed(w.TxnID, t); err != nil {
+			s.emit(Event{Kind: EventWaitEnded, RequestID: w.RequestID, Attempt: w.Attempt, Err: err})
 			continue
 		}
 		s.grant(ns, key, k, rec, w)

@@ -910,6 +910,31 @@ func TestAcquireDoesNotHandOutAnExpiredLease(t *testing.T) {
 	checkInvariants(t, h)
 }
 
+// A key is not handed on to a queued acquirer whose transaction has an
+// expired lease elsewhere: the next acquirer in line gets it.
+func TestHandOffSkipsATransactionWithAnExpiredLease(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	mustLease(t, h.one(acq("a", "doomed", "r-a", 1_000, 0)))
+	held := mustLease(t, h.one(acq("b", "holder", "r-b", 10_000, 0)))
+	for _, r := range h.run(acq("b", "doomed", "w-doomed", 10_000, 60_000), acq("b", "next", "w-next", 10_000, 60_000)) {
+		if !r.Queued {
+			t.Fatalf("acquire of a held key: %+v (err %v), want it queued", r, r.Err)
+		}
+	}
+	h.now += 1_500 // the doomed transaction's lease on a has run out; no sweep yet
+	h.rec.events = nil
+	if r := h.one(release(held, false)); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if e := events(h, EventWaitEnded)["w-doomed"]; e == nil || !errors.Is(e.Err, errcode.TxnRolledBack) {
+		t.Fatalf("the doomed transaction's wait did not end with txn_rolled_back: %+v", h.rec.events)
+	}
+	if g := events(h, EventGranted)["w-next"]; g == nil || g.Lease.TxnID != "next" {
+		t.Fatalf("the key did not go to the next acquirer in line: %+v", h.rec.events)
+	}
+	checkInvariants(t, h)
+}
+
 func TestTransactionsAreBounded(t *testing.T) {
 	h := openHarness(t, t.TempDir())
 	cmds := make([]*Command, MaxParticipants)
