@@ -10,6 +10,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"sync"
 	"text/tabwriter"
@@ -152,8 +153,23 @@ func (r *Result) summarize(samples []time.Duration) {
 	if r.Elapsed > 0 {
 		r.OpsPerSec = float64(len(s)) / r.Elapsed.Seconds()
 	}
-	pick := func(q float64) time.Duration { return s[min(len(s)-1, int(q*float64(len(s))))] }
-	r.P50, r.P95, r.P99, r.Max = pick(0.50), pick(0.95), pick(0.99), s[len(s)-1]
+	r.P50, r.P95, r.P99, r.Max = percentile(s, 0.50), percentile(s, 0.95), percentile(s, 0.99), s[len(s)-1]
+}
+
+// percentile is the q-quantile (0 <= q <= 1) of the sorted samples s,
+// interpolated linearly between the two samples around rank q*(len(s)-1):
+// the median of an even count lies halfway between the middle two, and
+// p99 of 100 samples between the 99th and the largest. 0 without samples.
+func percentile(s []time.Duration, q float64) time.Duration {
+	if len(s) == 0 {
+		return 0
+	}
+	pos := q * float64(len(s)-1)
+	i := int(pos)
+	if i >= len(s)-1 {
+		return s[len(s)-1]
+	}
+	return s[i] + time.Duration(math.Round((pos-float64(i))*float64(s[i+1]-s[i])))
 }
 
 // Payload returns n bytes of valid JSON.
@@ -372,7 +388,7 @@ func WriteTable(w io.Writer, results []Result) error {
 	fmt.Fprintln(tw, "system\tworkload\tclients\tops\terrors\tops/s\tp50\tp95\tp99\tmax\t")
 	for _, r := range results {
 		fmt.Fprintf(tw, "%s\t%s\t%d\t%d\t%d\t%.0f\t%s\t%s\t%s\t%s\t\n", r.System, r.Workload, r.Clients, r.Ops, r.Errors,
-			r.OpsPerSec, ms(r.P50), ms(r.P95), ms(r.P99), ms(r.Max))
+			r.OpsPerSec, latency(r, r.P50), latency(r, r.P95), latency(r, r.P99), latency(r, r.Max))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -386,6 +402,14 @@ func WriteTable(w io.Writer, results []Result) error {
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond)) }
+
+// latency prints a latency of r, "-" when r completed no operation.
+func latency(r Result, d time.Duration) string {
+	if r.Ops == 0 {
+		return "-"
+	}
+	return ms(d)
+}
 
 // Report is everything one bench run measured.
 type Report struct {
@@ -407,5 +431,5 @@ func Summarize(ds []time.Duration) string {
 	}
 	s := slices.Clone(ds)
 	slices.Sort(s)
-	return fmt.Sprintf("min %s, median %s, max %s", ms(s[0]), ms(s[len(s)/2]), ms(s[len(s)-1]))
+	return fmt.Sprintf("min %s, median %s, max %s", ms(s[0]), ms(percentile(s, 0.5)), ms(s[len(s)-1]))
 }

@@ -330,7 +330,7 @@ func comparisonCells(r Row) []string {
 	return []string{r.Name(), strconv.Itoa(r.Clients),
 		fmt.Sprintf("%.0f", a.OpsPerSec), fmt.Sprintf("%.0f", b.OpsPerSec),
 		FormatRatio(float64(r.Ratio)), formatRatios(r.RoundRatios),
-		ms(a.P50) + " / " + ms(a.P99), ms(b.P50) + " / " + ms(b.P99),
+		latency(a, a.P50) + " / " + latency(a, a.P99), latency(b, b.P50) + " / " + latency(b, b.P99),
 		fmt.Sprintf("%d / %d", a.Errors, b.Errors), cpu(a), cpu(b)}
 }
 

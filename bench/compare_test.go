@@ -188,7 +188,7 @@ func TestCombine(t *testing.T) {
 	if c.Ops != 8 || c.Errors != 1 || c.Elapsed != 4*time.Second || c.OpsPerSec != 2 || c.FirstErr != "boom" {
 		t.Fatalf("combined %+v", c)
 	}
-	if c.P50 != 5*ms || c.Max != 8*ms || c.P99 != 8*ms {
+	if c.P50 != 4*ms+500*time.Microsecond || c.Max != 8*ms || c.P99 != 7*ms+930*time.Microsecond {
 		t.Fatalf("percentiles p50 %v p99 %v max %v", c.P50, c.P99, c.Max)
 	}
 	if c.ServerCPU != 1.75 || c.ClientCPU != 0.125 {

@@ -73,7 +73,7 @@ func trimFloat(f float64) string { return strings.TrimSuffix(fmt.Sprintf("%g", f
 func median(ds []time.Duration) time.Duration {
 	s := slices.Clone(ds)
 	slices.Sort(s)
-	return s[len(s)/2]
+	return percentile(s, 0.5)
 }
 
 // verdict is a goal's outcome in words.

@@ -1,0 +1,62 @@
+package bench
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestSummarizePercentiles(t *testing.T) {
+	ms := time.Millisecond
+	// 100 samples of 1..100ms, shuffled: p50 lies halfway between the 50th
+	// and the 51st, p99 between the 99th and the maximum.
+	var s []time.Duration
+	for i := 100; i >= 1; i-- {
+		s = append(s, time.Duration(i)*ms)
+	}
+	s[0], s[57] = s[57], s[0]
+	var r Result
+	r.Elapsed = 2 * time.Second
+	r.summarize(s)
+	if r.Ops != 100 || r.OpsPerSec != 50 {
+		t.Fatalf("ops %d, %v/s", r.Ops, r.OpsPerSec)
+	}
+	if r.P50 != 50*ms+500*time.Microsecond || r.P95 != 95*ms+50*time.Microsecond || r.P99 != 99*ms+10*time.Microsecond ||
+		r.Max != 100*ms {
+		t.Fatalf("p50 %v p95 %v p99 %v max %v", r.P50, r.P95, r.P99, r.Max)
+	}
+	for _, c := range []struct {
+		samples       []time.Duration
+		p50, p99, max time.Duration
+	}{
+		{[]time.Duration{7 * ms}, 7 * ms, 7 * ms, 7 * ms},
+		{[]time.Duration{4 * ms, 2 * ms}, 3 * ms, 3*ms + 980*time.Microsecond, 4 * ms},
+		{[]time.Duration{1 * ms, 2 * ms, 3 * ms}, 2 * ms, 2*ms + 980*time.Microsecond, 3 * ms},
+	} {
+		var r Result
+		r.summarize(c.samples)
+		if r.P50 != c.p50 || r.P99 != c.p99 || r.Max != c.max {
+			t.Errorf("%v: p50 %v p99 %v max %v, want %v %v %v", c.samples, r.P50, r.P99, r.Max, c.p50, c.p99, c.max)
+		}
+	}
+	if got := Summarize([]time.Duration{4 * ms, 1 * ms, 2 * ms, 3 * ms}); got != "min 1.00ms, median 2.50ms, max 4.00ms" {
+		t.Errorf("Summarize: %s", got)
+	}
+}
+
+func TestRunWithoutSamplesShowsNoLatency(t *testing.T) {
+	var r Result
+	r.System, r.Workload, r.Clients, r.Errors, r.Elapsed = "s", Lock, 1, 3, time.Second
+	r.summarize(nil)
+	if r.Ops != 0 || r.OpsPerSec != 0 || r.P50 != 0 || r.P99 != 0 || r.Max != 0 {
+		t.Fatalf("empty: %+v", r)
+	}
+	var b bytes.Buffer
+	if err := WriteTable(&b, []Result{r}); err != nil {
+		t.Fatal(err)
+	}
+	if line := strings.Split(b.String(), "\n")[1]; strings.Contains(line, "0.00ms") || !strings.Contains(line, " - ") {
+		t.Fatalf("a run without samples shows latencies: %q", line)
+	}
+}
