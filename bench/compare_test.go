@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"math"
+	"os/exec"
 	"reflect"
 	"strings"
 	"sync"
@@ -439,5 +440,31 @@ func TestFirstAck(t *testing.T) {
 	cancel()
 	if _, err := firstAck(ctx, time.Now(), func(ctx context.Context, _ int) error { <-ctx.Done(); return ctx.Err() }); err == nil {
 		t.Fatal("cancelled context: no error")
+	}
+}
+
+// TestFailoverIsTimedFromTheSignal kills a real process the way a failover
+// round kills the leader: the time runs from the SIGKILL, not from the
+// moment the process was seen to end.
+func TestFailoverIsTimedFromTheSignal(t *testing.T) {
+	if _, err := exec.LookPath("sleep"); err != nil {
+		t.Skip("no sleep binary")
+	}
+	p := &Proc{Name: "leader", args: []string{"60"}}
+	if err := p.start("sleep", t.TempDir()); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.kill)
+	var killing, acked time.Time
+	took, err := afterKill(context.Background(), func() { killing = time.Now(); p.kill() },
+		func(context.Context, int) error { acked = time.Now(); return nil })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.cmd != nil {
+		t.Fatal("the process was not killed")
+	}
+	if min := acked.Sub(killing); took < min {
+		t.Fatalf("failover of %v, but the write was acknowledged %v after the kill began", took, min)
 	}
 }

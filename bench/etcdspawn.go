@@ -236,8 +236,7 @@ func (c *EtcdCluster) FailoverRound(ctx context.Context, r int) (time.Duration, 
 	if err != nil {
 		return 0, fmt.Errorf("bench: etcd write before the kill: %w", err)
 	}
-	c.Nodes[leader].kill()
-	took, err := firstAck(ctx, time.Now(), func(ctx context.Context, i int) error {
+	took, err := afterKill(ctx, c.Nodes[leader].kill, func(ctx context.Context, i int) error {
 		_, err := cl.Put(ctx, fmt.Sprintf("%s-%d", key, i), "x")
 		return err
 	})

@@ -286,8 +286,7 @@ func (c *Cluster) FailoverRound(ctx context.Context, r int) (time.Duration, erro
 	if err := write(fmt.Sprintf("failover-warm-%d-%d", r, time.Now().UnixNano())); err != nil {
 		return 0, fmt.Errorf("bench: write before the kill: %w", err)
 	}
-	c.Kill(leader)
-	took, err := firstAck(ctx, time.Now(), func(ctx context.Context, i int) error {
+	took, err := afterKill(ctx, func() { c.Kill(leader) }, func(ctx context.Context, i int) error {
 		_, err := cl.Acquire(ctx, wire.AcquireRequest{Key: fmt.Sprintf("failover-%d-%d-%d", r, time.Now().UnixNano(), i),
 			Owner: "failover", TTLSeconds: 5, BlockSecs: -1})
 		return err
@@ -365,6 +364,16 @@ const (
 	failoverAttempt = 5 * time.Second
 	failoverLimit   = 30 * time.Second
 )
+
+// afterKill runs kill, which sends SIGKILL and returns once the process
+// has ended, and returns the time from the signal (not from the end of the
+// process, which a process busy in the kernel, in an fsync say, delays) to
+// the first acknowledged write (see firstAck).
+func afterKill(ctx context.Context, kill func(), write func(ctx context.Context, i int) error) (time.Duration, error) {
+	start := time.Now()
+	kill()
+	return firstAck(ctx, start, write)
+}
 
 // firstAck starts write(ctx, i) every failoverEvery from start on, each
 // attempt concurrently and bounded by failoverAttempt, and returns the time
