@@ -6,10 +6,12 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -133,8 +135,19 @@ transactions (the servers keep them 10 blocks and prune every 100 ms).`,
 }
 
 // runBench is `raftlockd bench`.
-func runBench(cmd *cobra.Command, bf *benchFlags) error {
-	ctx := cmd.Context()
+func runBench(cmd *cobra.Command, bf *benchFlags) (err error) {
+	// An interrupt (Ctrl-C) or SIGTERM ends the run through ctx, so that the
+	// servers the bench started are stopped and their directories removed
+	// on the way out; a second one ends the process at once.
+	parent := cmd.Context()
+	ctx, stop := signal.NotifyContext(parent, os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	go func() { <-ctx.Done(); stop() }()
+	defer func() {
+		if err != nil && ctx.Err() != nil && parent.Err() == nil {
+			err = fmt.Errorf("bench: interrupted (%w)", err)
+		}
+	}()
 	var plan []bench.PlanRow
 	if bf.runs != "" {
 		var err error
@@ -234,7 +247,7 @@ func runBench(cmd *cobra.Command, bf *benchFlags) error {
 		return err
 	}
 	if bf.blocks != "" {
-		return runBlockBench(cmd, bf, driver.Clients[0])
+		return runBlockBench(ctx, cmd, bf, driver.Clients[0])
 	}
 	systems := []bench.System{{Driver: driver}}
 	if cl != nil {
@@ -554,12 +567,12 @@ var blockBenchFlags = []string{
 }
 
 // runBlockBench is `raftlockd bench --blocks`.
-func runBlockBench(cmd *cobra.Command, bf *benchFlags, c *client.Client) error {
+func runBlockBench(ctx context.Context, cmd *cobra.Command, bf *benchFlags, c *client.Client) error {
 	runs, err := bench.ParseBlockRuns(bf.blocks)
 	if err != nil {
 		return fmt.Errorf("--blocks: %w", err)
 	}
-	res, err := bench.RunBlocks(cmd.Context(), c, runs, bf.rollbackBlocks)
+	res, err := bench.RunBlocks(ctx, c, runs, bf.rollbackBlocks)
 	if err != nil {
 		return err
 	}

@@ -2,9 +2,16 @@ package main
 
 import (
 	"encoding/json"
+	"os"
 	"os/exec"
+	"path/filepath"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
+
+	"github.com/raftlockd/raftlockd/internal/testutil"
 )
 
 // TestBenchEmbeddedWorkloads runs the workloads added for the comparison
@@ -81,5 +88,97 @@ func TestBenchSideBySideWithEtcd(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// childrenOf lists the processes whose parent is pid.
+func childrenOf(pid int) []int {
+	var out []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		child, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		// Fields after the command name: state, ppid, ...
+		f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+1:]))
+		if len(f) > 1 && f[1] == strconv.Itoa(pid) {
+			out = append(out, child)
+		}
+	}
+	return out
+}
+
+// running reports whether process pid exists and is not a zombie.
+func running(pid int) bool {
+	raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	f := strings.Fields(string(raw[strings.LastIndexByte(string(raw), ')')+1:]))
+	return len(f) > 0 && f[0] != "Z"
+}
+
+// TestBenchInterruptedCleansUp interrupts a bench of a spawned cluster
+// (Ctrl-C while it measures, SIGTERM from a supervisor while the cluster
+// starts): it stops the servers it started and removes their temporary
+// directory before it exits.
+func TestBenchInterruptedCleansUp(t *testing.T) {
+	if _, err := os.Stat("/proc/self/stat"); err != nil {
+		t.Skip("no /proc: the bench's server processes cannot be found")
+	}
+	for _, c := range []struct {
+		sig       syscall.Signal
+		measuring bool // signal once a run is done and the next measures, else once the server process exists
+	}{{syscall.SIGINT, true}, {syscall.SIGTERM, false}} {
+		t.Run(c.sig.String(), func(t *testing.T) {
+			dir := t.TempDir()
+			cmd := exec.Command(testutil.Binary(t), "bench", "--spawn", "1", "--dir", dir, "--runs", "lock=1",
+				"--rounds", "1000", "--duration", "1s", "--warmup", "0s")
+			cmd.Env = baseEnv(t)
+			var out lockedBuffer
+			cmd.Stdout, cmd.Stderr = &out, &out
+			if err := cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			exited := make(chan struct{})
+			go func() { _ = cmd.Wait(); close(exited) }()
+			var servers []int
+			t.Cleanup(func() {
+				_ = cmd.Process.Kill()
+				<-exited
+				for _, pid := range servers {
+					if running(pid) {
+						_ = syscall.Kill(pid, syscall.SIGKILL)
+					}
+				}
+			})
+			testutil.WaitFor(t, 30*time.Second, "the bench to start its server", func() bool {
+				servers = childrenOf(cmd.Process.Pid)
+				return len(servers) == 1
+			})
+			if c.measuring {
+				testutil.WaitFor(t, 30*time.Second, "a finished run", func() bool { return strings.Contains(out.String(), "done: round 1 ") })
+			}
+			if err := cmd.Process.Signal(c.sig); err != nil {
+				t.Fatal(err)
+			}
+			select {
+			case <-exited:
+			case <-time.After(30 * time.Second):
+				t.Fatalf("the bench did not end within 30s of %s: %s", c.sig, out.String())
+			}
+			testutil.WaitFor(t, 10*time.Second, "the server to end", func() bool { return !running(servers[0]) })
+			if left, _ := os.ReadDir(dir); len(left) != 0 {
+				t.Fatalf("left in --dir after %s: %v (%s)", c.sig, left, out.String())
+			}
+			if !strings.Contains(out.String(), "bench: interrupted") {
+				t.Errorf("after %s: %s", c.sig, out.String())
+			}
+		})
 	}
 }
