@@ -152,6 +152,9 @@ below comes from that one run; rerun the script to refresh the document.
 - **ratio** is raftlockd's throughput over etcd's. **CPU** is servers + bench client, in cores (1.00:
   one core busy throughout), from the processes' CPU time over the measured phase; the machine has
   $(nproc).
+- **ops/s** counts the operations that succeeded over the measured time (failed ones are the
+  *errors*); **p50 / p99** are the latencies of those operations, interpolated linearly between the
+  two samples around the percentile's rank.
 - **Failover**: SIGKILL the leader, then write through a surviving node until a write is acknowledged;
   the time from the kill to that acknowledgement. raftlockd's write is an acquire, etcd's a put. The
   killed node is restarted and the cluster is healthy before the next round; the rounds alternate
