@@ -26,10 +26,10 @@ bench-peer:     ## raftlockd vs etcd, 3 nodes each on loopback: the table only
 	go run ./cmd/raftlockd bench --spawn 3 --peer etcd --rounds 2 --runs "lock=1,64 handoff=8" --duration 10s --failover-rounds 3
 
 bench-embedded: ## single node, in process
-	go run ./cmd/raftlockd bench --embedded --workload lock,handoff --clients 1,8,64 --duration 10s
+	go run ./cmd/raftlockd bench --embedded --runs "lock=1,8,64 handoff=8" --duration 10s
 
 bench-cluster:  ## three spawned nodes on loopback, with leader failover rounds
-	go run ./cmd/raftlockd bench --spawn 3 --workload lock,handoff --clients 1,8,64 --duration 10s --failover-rounds 10
+	go run ./cmd/raftlockd bench --spawn 3 --runs "lock=1,8,64 handoff=8 queue=1,8" --duration 10s --failover-rounds 10
 
 bench-xa:       ## two-key transactions on one island and across two
 	go run ./cmd/raftlockd bench --embedded --islands 2 --workload xa-commit --clients 1,8 --duration 10s

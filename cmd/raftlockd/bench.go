@@ -110,7 +110,7 @@ transactions (the servers keep them 10 blocks and prune every 100 ms).`,
 	f.StringVar(&bf.workloads, "workload", "lock,handoff", "comma-separated workloads: "+strings.Join(bench.Workloads, ", "))
 	f.StringVar(&bf.clients, "clients", "1,64", "comma-separated client counts; one run per count")
 	f.StringVar(&bf.runs, "runs", "", `rows to run instead of --workload x --clients: workload=clients[,clients...] separated by spaces, `+
-		`e.g. "lock=1,64 handoff=8"`)
+		`e.g. "lock=1,64 queue=1,8" (with none of --runs, --workload and --clients: "`+defaultRuns+`")`)
 	f.IntVar(&bf.rounds, "rounds", 1, "run every row this many times (alternating with the peer) and combine the runs")
 	f.StringVar(&bf.peer, "peer", "", "with --spawn: also measure this system alongside (etcd)")
 	f.StringVar(&bf.etcdBin, "etcd-bin", "etcd", "the etcd server binary of --peer etcd")
@@ -135,6 +135,9 @@ transactions (the servers keep them 10 blocks and prune every 100 ms).`,
 }
 
 // runBench is `raftlockd bench`.
+// defaultRuns are the rows measured when none are asked for.
+const defaultRuns = "lock=1,64 handoff=8"
+
 func runBench(cmd *cobra.Command, bf *benchFlags) (err error) {
 	// An interrupt (Ctrl-C) or SIGTERM ends the run through ctx, so that the
 	// servers the bench started are stopped and their directories removed
@@ -149,6 +152,11 @@ func runBench(cmd *cobra.Command, bf *benchFlags) (err error) {
 		}
 	}()
 	var plan []bench.PlanRow
+	if bf.runs == "" && !cmd.Flags().Changed("workload") && !cmd.Flags().Changed("clients") {
+		// The issues' rows: a lock cycle alone and with many clients, and a
+		// hand-off contended by eight.
+		bf.runs = defaultRuns
+	}
 	if bf.runs != "" {
 		var err error
 		if plan, err = bench.ParsePlan(bf.runs); err != nil {

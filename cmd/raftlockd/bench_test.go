@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -38,6 +39,20 @@ func TestBenchEmbeddedWorkloads(t *testing.T) {
 		if r.Workload != w || r.Ops != 10 || r.Errors != 0 {
 			t.Fatalf("result %d: %+v, want %s with 10 ops and no errors", i, r, w)
 		}
+	}
+	// Without rows asked for, the lock cycle alone and with 64 clients and a
+	// hand-off contended by 8.
+	out = mustCLI(t, nil, "", "bench", "--embedded", "--ops", "64", "--warmup", "0s", "--format", "json")
+	rep.Results = nil
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("%v: %s", err, out)
+	}
+	var rows []string
+	for _, r := range rep.Results {
+		rows = append(rows, fmt.Sprintf("%s=%d", r.Workload, r.Clients))
+	}
+	if got := strings.Join(rows, " "); got != "lock=1 lock=64 handoff=8" {
+		t.Fatalf("default rows %q, want lock=1 lock=64 handoff=8", got)
 	}
 	if res := cli(t, nil, "", "bench", "--embedded", "--peer", "etcd"); res.code == 0 || !strings.Contains(res.stderr, "--peer needs --spawn") {
 		t.Fatalf("--peer without --spawn: exit %d, %s", res.code, res.stderr)
