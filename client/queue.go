@@ -9,6 +9,7 @@ import (
 	"io"
 	"mime"
 	"mime/multipart"
+	"net"
 	"net/http"
 	"net/textproto"
 	"net/url"
@@ -278,7 +279,9 @@ func readPart(p *multipart.Part) ([]byte, error) {
 // the server hands them out, until ctx ends or fn fails (its error is
 // returned). While the queue is empty the subscription waits on the server;
 // with req.WaitSeconds wire.BlockNoWait it returns nil once nothing is
-// ready. Every delivery is leased like a dequeued one: fn acks or nacks it.
+// ready. A stream that breaks off (its server crashed or restarted) is
+// opened again. Every delivery is leased like a dequeued one: fn acks or
+// nacks it.
 func (c *Client) Subscribe(ctx context.Context, req wire.DequeueRequest, fn func(*Delivery) error) error {
 	return c.subscribe(ctx, "/v1/queue/subscribe", req, false, fn)
 }
@@ -317,22 +320,44 @@ func (c *Client) subscribe(ctx context.Context, path string, req wire.DequeueReq
 		}
 		err = c.drain(ctx, dr, fn)
 		resp.Body.Close()
+		if cut(err) {
+			// The connection broke (the server crashed or restarted): the
+			// stream is opened again, as after its end.
+			continue
+		}
 		if err != nil || req.WaitSeconds == wire.BlockNoWait {
 			return err
 		}
 	}
 }
 
+// streamError is a failure to read a subscription's stream.
+type streamError struct{ err error }
+
+func (e *streamError) Error() string { return e.err.Error() }
+func (e *streamError) Unwrap() error { return e.err }
+
+// cut reports whether err is a stream that broke off: its connection failed
+// or it ended before its closing boundary.
+func cut(err error) bool {
+	var se *streamError
+	if !errors.As(err, &se) {
+		return false
+	}
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
 func (c *Client) drain(ctx context.Context, dr *deliveryReader, fn func(*Delivery) error) error {
 	for {
 		d, err := dr.next()
 		switch {
-		case errors.Is(err, io.EOF):
+		case err == io.EOF: //nolint:errorlint // next answers the closing boundary with the bare io.EOF
 			return nil
 		case ctx.Err() != nil:
 			return ctx.Err()
 		case err != nil:
-			return err
+			return &streamError{err}
 		}
 		if err := fn(d); err != nil {
 			return err

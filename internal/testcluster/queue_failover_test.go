@@ -111,3 +111,50 @@ func queueEmpty(ctx context.Context, cl *client.Client) bool {
 	st, err := cl.QueueStats(ctx, "", "stream", false)
 	return err == nil && !st.Available && st.HeadMessageID == "" && st.Ready+st.InFlight+st.Delayed+st.Staged == 0
 }
+
+// A subscription whose node crashes under it goes on once the node is back:
+// the client opens the stream again instead of ending with the cut one's
+// error, and a message enqueued meanwhile reaches it.
+func TestSubscriptionOutlivesACrashOfItsNode(t *testing.T) {
+	c := Start(t, 3)
+	leader := c.WaitLeader(10 * time.Second)
+	producer := c.RetryingClient(others(c, leader)[0])
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	got := make(chan string, 4)
+	done := make(chan error, 1)
+	go func() {
+		done <- c.RetryingClient(leader).Subscribe(ctx, wire.DequeueRequest{Queue: "sub", Owner: "s", WaitSeconds: 2},
+			func(d *client.Delivery) error {
+				got <- string(d.Payload)
+				return d.Ack(ctx)
+			})
+	}()
+	receive := func(want string) {
+		t.Helper()
+		select {
+		case p := <-got:
+			if p != want {
+				t.Fatalf("received %q, want %q", p, want)
+			}
+		case err := <-done:
+			t.Fatalf("the subscription ended: %v", err)
+		case <-ctx.Done():
+			t.Fatalf("%q was not received", want)
+		}
+	}
+	if _, err := producer.Enqueue(ctx, wire.EnqueueRequest{Queue: "sub"}, []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	receive("before")
+	c.Crash(leader)
+	c.Start(leader)
+	if _, err := producer.Enqueue(ctx, wire.EnqueueRequest{Queue: "sub"}, []byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	receive("after")
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("the subscription ended with %v", err)
+	}
+}
