@@ -62,6 +62,12 @@ func (q *fuzzQueues) Extend(context.Context, rm.MessageRef, int64) (*fsm.Message
 func (q *fuzzQueues) Stats(context.Context, string, string, rm.Consistency) (fsm.QueueStats, error) {
 	return fsm.QueueStats{}, nil
 }
+func (q *fuzzQueues) WatchDelivery(context.Context, string, string, string, string) (<-chan fsm.Event, func(), error) {
+	ended := make(chan fsm.Event, 1)
+	ended <- fsm.Event{Kind: fsm.EventDeliveryEnded}
+	return ended, func() {}, nil
+}
+
 func (q *fuzzQueues) Limits() rm.QueueLimits {
 	return rm.QueueLimits{MaxPayloadBytes: fuzzMaxPayload, MaxVisibility: time.Hour, MaxWait: time.Second}
 }

@@ -29,6 +29,7 @@ type Queues interface {
 	Nack(ctx context.Context, ref rm.MessageRef, p rm.NackParams) (*fsm.QueueResult, error)
 	Extend(ctx context.Context, ref rm.MessageRef, bySeconds int64) (*fsm.MessageInfo, error)
 	Stats(ctx context.Context, ns, queue string, c rm.Consistency) (fsm.QueueStats, error)
+	WatchDelivery(ctx context.Context, ns, queue, id, leaseID string) (<-chan fsm.Event, func(), error)
 	Limits() rm.QueueLimits
 }
 
@@ -226,6 +227,7 @@ type dequeueRequest struct {
 	wait         int64 // wait_seconds as sent: -1 no wait, 0 the server's maximum
 	includeState bool  // add a "state" part: the sidecar's committed document
 	stream       bool  // one of many deliveries of a subscription
+	prefetch     int   // a subscription's deliveries not yet ended, at most (page_size, at least 1)
 }
 
 func (h *handler) decodeDequeue(w http.ResponseWriter, r *http.Request, withState bool) (dequeueRequest, error) {
@@ -238,7 +240,7 @@ func (h *handler) decodeDequeue(w http.ResponseWriter, r *http.Request, withStat
 		return dequeueRequest{}, err
 	}
 	q := r.URL.Query()
-	d := dequeueRequest{wait: req.WaitSeconds, includeState: include && withState, params: rm.DequeueParams{
+	d := dequeueRequest{wait: req.WaitSeconds, includeState: include && withState, prefetch: max(1, req.PageSize), params: rm.DequeueParams{
 		Namespace:      firstNonEmpty(req.Namespace, q.Get("namespace")),
 		Queue:          firstNonEmpty(req.Queue, q.Get("queue")),
 		Owner:          firstNonEmpty(req.Owner, q.Get("owner")),
@@ -442,7 +444,11 @@ func (h *handler) queueDequeue(withState bool) func(http.ResponseWriter, *http.R
 // response until the client goes away. As in lockd, the response starts
 // with the first delivery: when none comes within the first wait the answer
 // is 409 waiting. With wait_seconds -1 the stream ends once the queue has
-// nothing ready.
+// nothing ready. At most prefetch deliveries of the stream are unfinished
+// at a time: the next message is leased once the subscriber acks or nacks
+// one of them (or its lease runs out), not while the earlier ones wait in
+// the connection's buffers; with wait_seconds -1 the stream ends instead of
+// waiting for that.
 func (h *handler) queueSubscribe(withState bool) func(http.ResponseWriter, *http.Request) error {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		req, err := h.decodeDequeue(w, r, withState)
@@ -454,7 +460,18 @@ func (h *handler) queueSubscribe(withState bool) func(http.ResponseWriter, *http
 		rc := http.NewResponseController(w)
 		_ = rc.SetReadDeadline(time.Time{})
 		var mw *multipart.Writer
+		var open []deliveryWatch
+		defer func() {
+			for _, o := range open {
+				o.stop()
+			}
+		}()
 		for {
+			if open = finished(ctx, open, req.prefetch, req.wait != wire.BlockNoWait); ctx.Err() != nil || len(open) >= req.prefetch {
+				// Gone, or not waiting for the subscriber to finish with a
+				// delivery (wait_seconds -1).
+				break
+			}
 			d, err := h.Queues.Dequeue(ctx, req.params)
 			if err != nil {
 				if mw == nil {
@@ -484,6 +501,15 @@ func (h *handler) queueSubscribe(withState bool) func(http.ResponseWriter, *http
 				h.abandon(d)
 				return err
 			}
+			m := d.Message
+			ended, stop, err := h.Queues.WatchDelivery(ctx, m.Namespace, m.Queue, m.ID, m.Lease.ID)
+			if err != nil {
+				if ctx.Err() == nil {
+					h.Logger.Warn("subscription ends", "queue", req.params.Queue, "error", err)
+				}
+				break
+			}
+			open = append(open, deliveryWatch{ended: ended, stop: stop})
 		}
 		if mw == nil {
 			return fmt.Errorf("api: subscribe: %w", ctx.Err())
@@ -491,6 +517,35 @@ func (h *handler) queueSubscribe(withState bool) func(http.ResponseWriter, *http
 		_ = rc.SetWriteDeadline(time.Now().Add(streamWriteTimeout))
 		return mw.Close()
 	}
+}
+
+// deliveryWatch waits for the end of a delivery a subscriber was sent.
+type deliveryWatch struct {
+	ended <-chan fsm.Event
+	stop  func()
+}
+
+// finished drops the watches of deliveries that ended and, while limit or
+// more remain and wait is set, waits for the oldest to end (or for ctx).
+func finished(ctx context.Context, open []deliveryWatch, limit int, wait bool) []deliveryWatch {
+	for len(open) > 0 {
+		if len(open) < limit || !wait {
+			select {
+			case <-open[0].ended:
+			default:
+				return open
+			}
+		} else {
+			select {
+			case <-open[0].ended:
+			case <-ctx.Done():
+				return open
+			}
+		}
+		open[0].stop()
+		open = open[1:]
+	}
+	return open
 }
 
 // messageRef names the delivery an ack, nack or extend acts on. meta_etag,

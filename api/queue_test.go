@@ -662,7 +662,7 @@ func TestQueueSubscribeRawStream(t *testing.T) {
 	e := newEnv(t)
 	e.enqueue("raw", "a")
 	e.enqueue("raw", "b")
-	r := e.do(http.MethodPost, "/v1/queue/subscribeWithState?include_state=1", nil, `{"queue":"raw","owner":"o","wait_seconds":-1}`)
+	r := e.do(http.MethodPost, "/v1/queue/subscribeWithState?include_state=1", nil, `{"queue":"raw","owner":"o","wait_seconds":-1,"page_size":2}`)
 	_, params, _ := mime.ParseMediaType(r.header.Get("Content-Type"))
 	mr := multipart.NewReader(bytes.NewReader(r.body), params["boundary"])
 	var names []string
@@ -831,4 +831,68 @@ func TestQueueSubscribePayloadEndingInCRLF(t *testing.T) {
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("subscribe ended with %v", err)
 	}
+}
+
+// A subscriber that does not get on with its deliveries is not sent more:
+// the stream leases the next message once the subscriber has finished with
+// the one it holds (page_size of them, when given), so the others stay
+// ready for other consumers instead of waiting, leased, in the
+// connection's buffers.
+func TestQueueSubscribeLeasesOneDeliveryAtATime(t *testing.T) {
+	e := newEnv(t)
+	for _, p := range []string{"a", "b", "c"} {
+		e.enqueue("window", p)
+	}
+	ctx, cancel := context.WithCancel(testCtx(t))
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.url+"/v1/queue/subscribe",
+		strings.NewReader(`{"queue":"window","owner":"sub","wait_seconds":10}`))
+	res, err := e.hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	_, params, _ := mime.ParseMediaType(res.Header.Get("Content-Type"))
+	mr := multipart.NewReader(res.Body, params["boundary"])
+	next := func() (*wire.Message, string) {
+		t.Helper()
+		var meta wire.DequeueResponse
+		for meta.Message == nil {
+			p, err := mr.NextPart()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := json.NewDecoder(p).Decode(&meta); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p, err := mr.NextPart()
+		if err != nil {
+			t.Fatal(err)
+		}
+		payload, _ := io.ReadAll(io.LimitReader(p, meta.Message.PayloadBytes))
+		return meta.Message, string(payload)
+	}
+	first, p := next()
+	if p != "a" {
+		t.Fatalf("the stream started with %q", p)
+	}
+	// The subscriber holds "a": "b" is still there for another consumer.
+	if got := e.dequeueOne("window"); string(got.payload) != "b" {
+		t.Fatalf("another consumer got %q", got.payload)
+	}
+	if st := e.stats("window"); st.InFlight != 2 || st.Ready != 1 {
+		t.Fatalf("stats while the subscriber holds one delivery %+v", st)
+	}
+	// Once it acks "a" the stream goes on with "c".
+	if r := e.post("/v1/queue/ack", nil, ackBody(first)); r.status != http.StatusOK {
+		t.Fatalf("ack: %d %s", r.status, r.body)
+	}
+	if _, p := next(); p != "c" {
+		t.Fatalf("the stream went on with %q", p)
+	}
+	cancel()
+	testutil.WaitFor(t, 10*time.Second, "the subscription to end on the server", func() bool {
+		return e.stats("window").WaitingConsumers == 0
+	})
 }

@@ -763,6 +763,7 @@ func (s *applyState) endDelivery(k []byte, l *MessageLease, end deliveryEnd) {
 	ek := endedKey(k, l.ID)
 	s.putJSON(bucketQEnded, ek, end)
 	s.put(bucketQEndedAt, timerKey(s.now, ek), nil)
+	s.emit(Event{Kind: EventDeliveryEnded, RequestID: l.ID})
 }
 
 // deliveryEnded finds how the delivery r names ended, if it has.

@@ -81,6 +81,9 @@ const (
 	EventDoubt
 	// EventDelivered: the waiting dequeue RequestID now holds Message.
 	EventDelivered
+	// EventDeliveryEnded: the delivery whose lease id is RequestID ended
+	// (acknowledged, handed back, dead-lettered or dropped).
+	EventDeliveryEnded
 )
 
 // Event is a side effect of applying a batch that someone outside the state

@@ -18,6 +18,16 @@ func (v *View) Key(ns, key string) (KeyRecord, bool) {
 	return rec, ok
 }
 
+// Delivering reports whether message id of a queue is still leased by the
+// delivery leaseID.
+func (v *View) Delivering(ns, queue, id, leaseID string) bool {
+	var m Message
+	if !v.getJSON(bucketQMsgs, msgKey(ns, queue, id), &m) {
+		return false
+	}
+	return m.Lease != nil && m.Lease.ID == leaseID
+}
+
 // Txn returns the transaction record of id, or nil.
 func (v *View) Txn(id string) *TxnRecord { return v.txn(id) }
 

@@ -482,3 +482,27 @@ func (q *Queues) Stats(ctx context.Context, ns, queue string, c Consistency) (fs
 	})
 	return st, err
 }
+
+// WatchDelivery returns a channel that is ready once the delivery of
+// message id under leaseID has ended (acknowledged, handed back,
+// dead-lettered or dropped) as far as this server has applied, and stop,
+// which ends the watch.
+func (q *Queues) WatchDelivery(ctx context.Context, ns, queue, id, leaseID string) (<-chan fsm.Event, func(), error) {
+	events, stop := q.waits.register(leaseID, "")
+	held := false
+	// Registered first: an end applied after this read is heard of.
+	err := q.store.ReadStale(ctx, func(v *fsm.View) error {
+		held = v.Delivering(ns, queue, id, leaseID)
+		return nil
+	})
+	if err != nil {
+		stop()
+		return nil, nil, err
+	}
+	if !held {
+		ended := make(chan fsm.Event, 1)
+		ended <- fsm.Event{Kind: fsm.EventDeliveryEnded, RequestID: leaseID}
+		return ended, stop, nil
+	}
+	return events, stop, nil
+}

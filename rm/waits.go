@@ -59,7 +59,7 @@ func (w *Waits) Observe(events []fsm.Event) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, e := range events {
-		if e.Kind != fsm.EventGranted && e.Kind != fsm.EventWaitEnded && e.Kind != fsm.EventDelivered {
+		if e.Kind != fsm.EventGranted && e.Kind != fsm.EventWaitEnded && e.Kind != fsm.EventDelivered && e.Kind != fsm.EventDeliveryEnded {
 			continue
 		}
 		for _, l := range w.waiting[e.RequestID] {
