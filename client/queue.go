@@ -305,14 +305,8 @@ func (c *Client) subscribe(ctx context.Context, path string, req wire.DequeueReq
 			if req.WaitSeconds == wire.BlockNoWait {
 				return nil
 			}
-			if pause := 100*time.Millisecond - time.Since(started); pause > 0 {
-				t := time.NewTimer(pause)
-				select {
-				case <-t.C:
-				case <-ctx.Done():
-					t.Stop()
-					return ctx.Err()
-				}
+			if err := pace(ctx, started); err != nil {
+				return err
 			}
 			continue
 		case err != nil:
@@ -323,11 +317,32 @@ func (c *Client) subscribe(ctx context.Context, path string, req wire.DequeueReq
 		if cut(err) {
 			// The connection broke (the server crashed or restarted): the
 			// stream is opened again, as after its end.
+			if err := pace(ctx, started); err != nil {
+				return err
+			}
 			continue
 		}
 		if err != nil || req.WaitSeconds == wire.BlockNoWait {
 			return err
 		}
+	}
+}
+
+// pace makes a subscription that opens its stream again take at least
+// 100 ms per round, so a server that keeps answering at once (or cutting
+// the stream) is not asked in a tight loop.
+func pace(ctx context.Context, started time.Time) error {
+	pause := 100*time.Millisecond - time.Since(started)
+	if pause <= 0 {
+		return nil
+	}
+	t := time.NewTimer(pause)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 

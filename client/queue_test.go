@@ -1,0 +1,40 @@
+package client_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/raftlockd/raftlockd/client"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// A server that cuts every subscription stream at once is asked again, but
+// at a bounded pace, not in a tight loop.
+func TestSubscriptionReopensACutStreamAtAPace(t *testing.T) {
+	var opened atomic.Int64
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		opened.Add(1)
+		w.Header().Set("Content-Type", "multipart/related; boundary=b")
+		w.WriteHeader(http.StatusOK)
+		// The stream ends without its closing boundary: cut off.
+	}))
+	t.Cleanup(ts.Close)
+	c, err := client.New(ts.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	err = c.Subscribe(ctx, wire.DequeueRequest{Queue: "q", Owner: "o"}, func(*client.Delivery) error { return nil })
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("subscription ended with %v, want it to keep reopening until its context ended", err)
+	}
+	if n := opened.Load(); n < 2 || n > 15 {
+		t.Fatalf("the stream was opened %d times in a second, want a few (at most one per 100 ms)", n)
+	}
+}
