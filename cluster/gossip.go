@@ -618,6 +618,17 @@ func (g *gossip) APIEndpoint(id string) string {
 	return ""
 }
 
+// raftAddr is the Raft address server id last announced, or "" when
+// gossip has not heard of it.
+func (g *gossip) raftAddr(id string) string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if m := g.members[id]; m != nil {
+		return m.RaftAddr
+	}
+	return ""
+}
+
 // Members lists every server gossip has seen.
 func (g *gossip) Members() []Member {
 	g.mu.Lock()

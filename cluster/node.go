@@ -236,9 +236,10 @@ func Open(cfg Config) (n *Node, err error) {
 	closers = append(closers, closerFunc(func() error { n.mux.close(); return nil }))
 	n.peers = &peers{network: cfg.Network, clients: map[string]*rpc.Client{}}
 	closers = append(closers, closerFunc(func() error { n.peers.close(); return nil }))
+	addrs := &raftAddresses{}
 	n.transport = &raftTransport{NetworkTransport: raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream:  &streamLayer{m: n.mux, network: cfg.Network, advertise: advertise},
-		MaxPool: 3, Timeout: 10 * time.Second, Logger: hl})}
+		Stream:                &streamLayer{m: n.mux, network: cfg.Network, advertise: advertise},
+		ServerAddressProvider: addrs, MaxPool: 3, Timeout: 10 * time.Second, Logger: hl})}
 	closers = append(closers, n.transport)
 
 	rc := raft.DefaultConfig()
@@ -305,6 +306,7 @@ func Open(cfg Config) (n *Node, err error) {
 		return ok
 	})
 	n.raft.RegisterObserver(n.observer)
+	addrs.raft.Store(n.raft)
 	n.wg.Add(1)
 	go n.watchLeadership()
 	n.spawn(grants.run)
@@ -313,6 +315,7 @@ func Open(cfg Config) (n *Node, err error) {
 			_ = n.stop()
 			return nil, err
 		}
+		addrs.gossip.Store(n.gossip)
 		n.SetDirectory(n.gossip)
 		n.OnLeadership(n.gossip.leaderChanged)
 	}

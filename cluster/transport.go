@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -225,6 +226,37 @@ func dialProto(ctx context.Context, n Network, addr string, timeout time.Duratio
 	}
 	_ = c.SetWriteDeadline(time.Time{})
 	return c, nil
+}
+
+// raftAddresses tells raft where to dial a server: at the Raft address the
+// server announces through gossip, else at the one the Raft configuration
+// holds. Advertised host names are resolved when a node starts, so a
+// server that comes back with another address (a container recreated on
+// a new network) is reached before a leader has updated the configuration,
+// and when every server restarted at once, which leaves no leader to
+// update it.
+type raftAddresses struct {
+	raft   atomic.Pointer[raft.Raft]
+	gossip atomic.Pointer[gossip]
+}
+
+var _ raft.ServerAddressProvider = (*raftAddresses)(nil)
+
+// ServerAddr implements raft.ServerAddressProvider.
+func (a *raftAddresses) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
+	if g := a.gossip.Load(); g != nil {
+		if addr := g.raftAddr(string(id)); addr != "" {
+			return raft.ServerAddress(addr), nil
+		}
+	}
+	if r := a.raft.Load(); r != nil {
+		for _, s := range r.GetConfiguration().Configuration().Servers {
+			if s.ID == id {
+				return s.Address, nil
+			}
+		}
+	}
+	return "", fmt.Errorf("cluster: no address known for server %s", id)
 }
 
 // advertiseAddr resolves the address peers should dial.

@@ -24,6 +24,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -402,7 +403,7 @@ func TestDockerCompose(t *testing.T) {
 		name string
 		run  func(*testing.T, *composeCluster)
 	}{{"RefuseWithoutCertificate", refuseWithoutCertificate}, {"RestoreThroughFollower", restoreThroughFollower}, {"StopLeader", stopLeader}, {"KillLeader", killLeader},
-		{"DisconnectLeader", disconnectLeader}} {
+		{"DisconnectLeader", disconnectLeader}, {"DownAndUp", downAndUp}} {
 		if !t.Run(tc.name, func(t *testing.T) {
 			sub := *c
 			sub.t = t
@@ -529,6 +530,63 @@ func disconnectLeader(t *testing.T, c *composeCluster) {
 	for _, ep := range c.endpoints {
 		c.untouched(ep, "minority-write", "the minority's acquire")
 	}
+}
+
+// downAndUp takes the whole cluster down, keeping its volumes, and brings
+// it up again with the nodes started in the reverse order of their
+// addresses, so that the recreated containers come back with addresses
+// other than those their Raft configuration holds. The nodes elect a
+// leader among themselves, serve what was committed before and do not
+// bootstrap another cluster.
+func downAndUp(t *testing.T, c *composeCluster) {
+	before := commitDoc(t, c, c.endpoints[0], "down-and-up", `{"v":"before"}`)
+	type node struct {
+		i  int
+		ip string
+	}
+	var nodes []node
+	for i := range c.endpoints {
+		nodes = append(nodes, node{i, c.inspect(i, "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}")})
+	}
+	slices.SortFunc(nodes, func(a, b node) int { return -cmpIP(a.ip, b.ip) })
+	c.run("down", "-t", "10")
+	for i := range c.ids {
+		c.ids[i] = ""
+	}
+	upAt := time.Now()
+	for _, n := range nodes {
+		c.run("up", "-d", c.service(n.i))
+	}
+	c.run("up", "-d")
+	changed := 0
+	for _, n := range nodes {
+		if now := c.inspect(n.i, "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"); now != n.ip {
+			changed++
+			t.Logf("%s: address %s, was %s", c.service(n.i), now, n.ip)
+		}
+	}
+	if changed == 0 {
+		t.Log("every node came back with its old address")
+	}
+	for i := range c.endpoints {
+		c.waitHealthy(i, 90*time.Second)
+	}
+	t.Logf("`down` and `up -d`: three nodes healthy %s later", time.Since(upAt).Round(time.Millisecond))
+	for i, ep := range c.endpoints {
+		d, err := c.client(ep).GetPublic(c.ctx, "", "down-and-up")
+		if err != nil || string(d.Body) != `{"v":"before"}` {
+			t.Fatalf("%s: down-and-up after `down` and `up -d`: %q, %v", c.service(i), d.Body, err)
+		}
+	}
+	if after := commitDoc(t, c, c.endpoints[2], "down-and-up", `{"v":"after"}`); after <= before {
+		t.Fatalf("fencing token %d after `down` and `up -d`, but %d was issued before", after, before)
+	}
+}
+
+// cmpIP orders two IPv4 addresses in dotted form.
+func cmpIP(a, b string) int {
+	pa, pb := net.ParseIP(a).To4(), net.ParseIP(b).To4()
+	return bytes.Compare(pa, pb)
 }
 
 // untouched fails the test unless key, read through endpoint, was never
