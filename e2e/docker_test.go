@@ -549,6 +549,19 @@ func downAndUp(t *testing.T, c *composeCluster) {
 		nodes = append(nodes, node{i, c.inspect(i, "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}")})
 	}
 	slices.SortFunc(nodes, func(a, b node) int { return -cmpIP(a.ip, b.ip) })
+	// `down` without -v keeps the named volumes and removes the
+	// containers: an anonymous volume of one would be left behind, out of
+	// reach of a later `down -v`.
+	for _, svc := range []string{"certs", "node1", "node2", "node3"} {
+		id := strings.TrimSpace(c.run("ps", "-q", svc))
+		mounts := strings.TrimSpace(mustRun(t, c.ctx, nil, "docker", "inspect", "-f",
+			`{{range .Mounts}}{{if eq .Type "volume"}}{{.Destination}}={{.Name}} {{end}}{{end}}`, id))
+		for _, m := range strings.Fields(mounts) {
+			if dest, name, _ := strings.Cut(m, "="); len(name) == 64 && !strings.Contains(name, "_") {
+				t.Errorf("%s mounts an anonymous volume on %s (%s)", svc, dest, name)
+			}
+		}
+	}
 	c.run("down", "-t", "10")
 	for i := range c.ids {
 		c.ids[i] = ""
