@@ -218,6 +218,45 @@ func TestWholeClusterRestartDoesNotBootstrapAgain(t *testing.T) {
 	}
 }
 
+// A whole cluster restarted with every server on new Raft and gossip
+// addresses (containers recreated on a new network) elects a leader and
+// keeps its data: Raft dials each server where it now announces itself,
+// not where the configuration last recorded it.
+func TestWholeClusterRestartOnNewAddresses(t *testing.T) {
+	cfgs := sameFlags(t, []string{"n1", "n2", "n3"}, 3)
+	nodes := openAll(t, cfgs)
+	leader := leaderWithin(t, nodes)
+	acquire(t, leader, "before-move")
+	waitFor(t, 10*time.Second, "the write to reach every node", func() bool {
+		for _, n := range nodes {
+			if n.FSM().Applied() < leader.FSM().Applied() {
+				return false
+			}
+		}
+		return true
+	})
+	for _, n := range nodes {
+		if err := n.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range cfgs {
+		cfgs[i].RaftBind = freeAddr(t)
+		g := *cfgs[i].Gossip
+		g.Bind = freeAddr(t)
+		cfgs[i].Gossip = &g
+	}
+	for i := range cfgs {
+		cfgs[i].Gossip.Join = []string{cfgs[0].Gossip.Bind}
+	}
+	nodes = openAll(t, cfgs)
+	leader = leaderWithin(t, nodes)
+	if !hasKey(t, leader, "before-move") {
+		t.Fatal("the moved cluster lost an acknowledged write")
+	}
+	acquire(t, leader, "after-move")
+}
+
 // A server promises one bootstrap configuration at a time, only one that
 // names it and matches what it sees, and only while it has no Raft state.
 func TestBootstrapPromises(t *testing.T) {
