@@ -644,17 +644,19 @@ func TestQueueSubscribe(t *testing.T) {
 		return st.WaitingConsumers == 0 && st.InFlight == 0
 	})
 	// With wait_seconds -1 a subscription drains what is ready and ends; on
-	// an empty queue it is 409 waiting.
-	e.enqueue("feed", "last")
+	// an empty queue it is 409 waiting. (Another queue: the subscription
+	// above may not have noticed yet that its client went away, and take a
+	// message of its queue before it hands it back.)
+	e.enqueue("drained", "last")
 	var drained []string
-	err := c.Subscribe(testCtx(t), wire.DequeueRequest{Queue: "feed", Owner: "sub", WaitSeconds: wire.BlockNoWait}, func(d *client.Delivery) error {
+	err := c.Subscribe(testCtx(t), wire.DequeueRequest{Queue: "drained", Owner: "sub", WaitSeconds: wire.BlockNoWait}, func(d *client.Delivery) error {
 		drained = append(drained, string(d.Payload))
 		return d.Ack(context.Background())
 	})
 	if err != nil || strings.Join(drained, ",") != "last" {
 		t.Fatalf("drain: %v %v", drained, err)
 	}
-	wantErr(t, e.do(http.MethodPost, "/v1/queue/subscribe", nil, `{"queue":"feed","owner":"o","wait_seconds":-1}`),
+	wantErr(t, e.do(http.MethodPost, "/v1/queue/subscribe", nil, `{"queue":"drained","owner":"o","wait_seconds":-1}`),
 		http.StatusConflict, "waiting")
 }
 
