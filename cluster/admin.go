@@ -22,9 +22,7 @@ func (n *Node) RemovePeer(ctx context.Context, id string) error {
 	start := time.Now()
 	for {
 		err := n.removePeerOnce(ctx, id)
-		var e *errcode.Error
-		if err == nil || !errors.As(err, &e) || e.Code != errcode.NotLeader.Code || time.Since(start) >= n.cfg.LeaderWait ||
-			!sleepCtx(ctx, n.done, 50*time.Millisecond) {
+		if !errors.Is(err, errcode.NotLeader) || time.Since(start) >= n.cfg.LeaderWait || !sleepCtx(ctx, n.done, 50*time.Millisecond) {
 			return err
 		}
 	}

@@ -610,21 +610,21 @@ func (g *gossip) refresh() {
 
 // APIEndpoint implements Directory.
 func (g *gossip) APIEndpoint(id string) string {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if m := g.members[id]; m != nil {
-		return m.API
-	}
-	return ""
+	return g.announced(id, func(m *Member) string { return m.API })
 }
 
-// raftAddr is the Raft address server id last announced, or "" when
-// gossip has not heard of it.
+// raftAddr is the Raft address server id last announced.
 func (g *gossip) raftAddr(id string) string {
+	return g.announced(id, func(m *Member) string { return m.RaftAddr })
+}
+
+// announced is what pick reads from server id's last announcement, or ""
+// when gossip has not heard of it.
+func (g *gossip) announced(id string, pick func(*Member) string) string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	if m := g.members[id]; m != nil {
-		return m.RaftAddr
+		return pick(m)
 	}
 	return ""
 }
