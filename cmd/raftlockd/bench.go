@@ -134,10 +134,10 @@ transactions (the servers keep them 10 blocks and prune every 100 ms).`,
 	return cmd
 }
 
-// runBench is `raftlockd bench`.
 // defaultRuns are the rows measured when none are asked for.
 const defaultRuns = "lock=1,64 handoff=8"
 
+// runBench is `raftlockd bench`.
 func runBench(cmd *cobra.Command, bf *benchFlags) (err error) {
 	// An interrupt (Ctrl-C) or SIGTERM ends the run through ctx, so that the
 	// servers the bench started are stopped and their directories removed
