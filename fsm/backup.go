@@ -130,7 +130,7 @@ func walk(b *bolt.Bucket) error {
 // holds only its counter), so is every message's the file holds, the
 // replicated clock, the coordinators' terms and the island's voter
 // high-water mark to at least the current ones, and the island keeps its
-// backend hash. Documents, versions, leases,
+// backend hash and its own registry entry. Documents, versions, leases,
 // queues and transactions are the file's. The caller must keep commands
 // from being applied between this call and the restore.
 func (f *FSM) PrepareRestore(path string) error {
@@ -178,12 +178,40 @@ func (f *FSM) PrepareRestore(path string) error {
 					}
 				}
 				if backend := cur.b(bucketMeta).Get(metaBackend); len(backend) > 0 {
+					if err := keepOwnEntry(cur, tx, bytes.Clone(meta.Get(metaBackend)), backend); err != nil {
+						return err
+					}
 					return meta.Put(metaBackend, bytes.Clone(backend))
 				}
 				return nil
 			})
 		})
 	})
+}
+
+// keepOwnEntry gives the registry entries of the island the file came from
+// (from) and of this island (self) their current values: restored into
+// another island, the file's own entry would name the island it came from
+// as a peer, and this island would register itself there.
+func keepOwnEntry(cur *View, tx *bolt.Tx, from, self []byte) error {
+	into, err := tx.CreateBucketIfNotExists(bucketRMs)
+	if err != nil {
+		return err
+	}
+	for _, backend := range [][]byte{from, self} {
+		if len(backend) == 0 {
+			continue
+		}
+		if v := cur.b(bucketRMs).Get(backend); v != nil {
+			err = into.Put(bytes.Clone(backend), bytes.Clone(v))
+		} else {
+			err = into.Delete(backend)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // raiseTokens raises the fencing counter (token of a record) of every

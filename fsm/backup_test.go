@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -152,5 +153,46 @@ func TestPrepareRestoreKeepsFencingTokensGrowing(t *testing.T) {
 	}
 	if lb := mustLease(t, dst.one(acq("b", "t10", "r10", 60_000, 0))); lb.Token != 2 {
 		t.Fatalf("b (absent from the backup) got token %d, want 2", lb.Token)
+	}
+}
+
+// A backup restored into another island keeps that island's identity: the
+// registry entry the backup holds for the island it came from is not taken
+// for a peer island, and the restoring island's own entry is its current
+// one.
+func TestPrepareRestoreKeepsTheIslandsOwnRegistryEntry(t *testing.T) {
+	register := func(h *harness, backend, endpoint string) {
+		t.Helper()
+		h.one(&Command{Op: OpRMRegister, RMRegister: &RMRegisterCmd{Backend: backend, Endpoint: endpoint}})
+	}
+	src := openHarness(t, t.TempDir())
+	src.one(&Command{Op: OpSetBackend, SetBackend: &SetBackendCmd{Hash: "island-a"}})
+	register(src, "island-a", "https://a1:9341")
+	register(src, "island-c", "https://c1:9341")
+	backup := snapshotFile(t, src)
+
+	dst := openHarness(t, t.TempDir())
+	dst.one(&Command{Op: OpSetBackend, SetBackend: &SetBackendCmd{Hash: "island-b"}})
+	register(dst, "island-b", "https://b1:9341")
+	if err := dst.f.PrepareRestore(backup); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(backup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.f.Restore(f); err != nil {
+		t.Fatal(err)
+	}
+	var rms map[string]RMEntry
+	_ = dst.f.View(func(v *View) error { rms = v.RMs(); return nil })
+	if _, ok := rms["island-a"]; ok {
+		t.Errorf("the backup's own island is a peer after the restore: %v", rms)
+	}
+	if e := rms["island-b"]; !slices.Equal(e.Endpoints, []string{"https://b1:9341"}) {
+		t.Errorf("the restoring island's own entry is %v, want its current endpoints", e.Endpoints)
+	}
+	if e := rms["island-c"]; !slices.Equal(e.Endpoints, []string{"https://c1:9341"}) {
+		t.Errorf("a peer island of the backup is %v after the restore", e.Endpoints)
 	}
 }
