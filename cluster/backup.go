@@ -75,6 +75,10 @@ type RestoreInfo struct {
 	Index uint64 // applied index recorded in it
 }
 
+// uploadPattern names the files a restore stores its upload in, in the
+// data directory; Open removes those a crash left behind.
+const uploadPattern = "restore-*.upload"
+
 // Restore replaces the state of the whole cluster with a snapshot stream as
 // SaveSnapshot produces it. Only the leader restores: on any other node it
 // answers not_leader (naming the leader) before reading anything from r.
@@ -94,7 +98,7 @@ func (n *Node) Restore(ctx context.Context, r io.Reader) (RestoreInfo, error) {
 			return RestoreInfo{}, n.notLeader()
 		}
 	}
-	tmp, err := os.CreateTemp(n.cfg.DataDir, "restore-*.upload")
+	tmp, err := os.CreateTemp(n.cfg.DataDir, uploadPattern)
 	if err != nil {
 		return RestoreInfo{}, fmt.Errorf("cluster: restore: %w", err)
 	}

@@ -192,6 +192,14 @@ func Open(cfg Config) (n *Node, err error) {
 		return nil, err
 	}
 	closers = append(closers, n.fsm)
+	// A restore cut short by a crash left its upload behind (the state
+	// file, now open, keeps a second node off this directory).
+	if leftover, _ := filepath.Glob(filepath.Join(cfg.DataDir, uploadPattern)); len(leftover) > 0 {
+		for _, p := range leftover {
+			_ = os.Remove(p)
+		}
+		cfg.Logger.Warn("removed the uploads of restores cut short", "files", len(leftover))
+	}
 	// The freelist is rebuilt on open instead of being rewritten (and
 	// synced) on every append.
 	n.store, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(raftDir, "raft.db"),

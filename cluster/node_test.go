@@ -377,3 +377,28 @@ func TestCloseAnswersEveryProposalInFlight(t *testing.T) {
 		}
 	}
 }
+
+// A restore cut short by a crash leaves the upload it was storing, and the
+// state machine's copy of the snapshot it was installing, in the data
+// directory; the next start removes them.
+func TestStartRemovesFilesOfARestoreCutShort(t *testing.T) {
+	dir := t.TempDir()
+	upload := filepath.Join(dir, "restore-123.upload")
+	installing := filepath.Join(dir, "state.db.restore")
+	other := filepath.Join(dir, "notes.txt")
+	for _, p := range []string{upload, installing, other} {
+		if err := os.WriteFile(p, []byte("left behind"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := open(t, testConfig(dir, "boot-a"))
+	defer n.Close()
+	for _, p := range []string{upload, installing} {
+		if _, err := os.Stat(p); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s after a start: %v, want it removed", filepath.Base(p), err)
+		}
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Errorf("a file the node does not own was touched: %v", err)
+	}
+}

@@ -92,6 +92,9 @@ type marker struct {
 
 func markerPath(path string) string { return path + ".marker" }
 
+// restorePath is where Restore writes the snapshot it installs.
+func restorePath(path string) string { return path + ".restore" }
+
 func readBootID() string {
 	b, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
 	if err != nil {
@@ -173,6 +176,11 @@ func Open(path string, opts Options) (*FSM, error) {
 	db, err := openDB(path, f.mmapSize)
 	if err != nil {
 		return nil, err
+	}
+	// A Restore cut short by a crash left its copy of the snapshot.
+	if err := os.Remove(restorePath(path)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		db.Close()
+		return nil, fmt.Errorf("fsm: remove an unfinished restore: %w", err)
 	}
 	f.db = db
 	f.loadMeta()
@@ -509,7 +517,7 @@ func (s *snapshot) Release() {
 // Restore replaces the state with a snapshot stream (a bbolt file).
 func (f *FSM) Restore(rc io.ReadCloser) error {
 	defer rc.Close()
-	tmp := f.path + ".restore"
+	tmp := restorePath(f.path)
 	out, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
 		return fmt.Errorf("fsm: restore: %w", err)
