@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"runtime"
 	"runtime/debug"
 	"time"
 
@@ -25,7 +26,11 @@ func guard(fn func() error) (err error) {
 	defer debug.SetPanicOnFault(old)
 	defer func() {
 		if r := recover(); r != nil {
-			err = errcode.InvalidSnapshot.With("the state file is damaged: %v", r)
+			// A fault inside bbolt says nothing to whoever sent the file.
+			if _, fault := r.(runtime.Error); fault {
+				r = "a page does not read back"
+			}
+			err = errcode.InvalidSnapshot.With("the state file is damaged or truncated: %v", r)
 		}
 	}()
 	return fn()

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"testing"
 
 	bolt "go.etcd.io/bbolt"
@@ -49,8 +50,12 @@ func TestCheckStateFileRejectsDamagedFiles(t *testing.T) {
 	}
 	wantInvalid := func(what, path string) {
 		t.Helper()
-		if _, err := CheckStateFile(path); !errors.Is(err, errcode.InvalidSnapshot) {
+		_, err := CheckStateFile(path)
+		if !errors.Is(err, errcode.InvalidSnapshot) {
 			t.Fatalf("%s: %v, want invalid_snapshot", what, err)
+		}
+		if strings.Contains(err.Error(), "runtime error") {
+			t.Errorf("%s: %v, want the reason in the operator's terms", what, err)
 		}
 	}
 	wantInvalid("garbage", write("garbage", []byte("not a state file at all")))
