@@ -6,6 +6,8 @@ import (
 	"encoding/json"
 	"log/slog"
 	"strings"
+
+	"github.com/hashicorp/go-hclog"
 )
 
 // hclogToSlog receives raft's hclog output (one JSON object per line) and
@@ -41,6 +43,16 @@ func (h hclogToSlog) Write(p []byte) (int, error) {
 		h.log.Log(context.Background(), level, msg, attrs...)
 	}
 	return len(p), nil
+}
+
+// raftLogLevel is the level raft logs at: its warnings and errors, and at
+// debug also its progress lines (elections, state changes, snapshots); its
+// per-RPC trace lines never.
+func raftLogLevel(log *slog.Logger) hclog.Level {
+	if log.Enabled(context.Background(), slog.LevelDebug) {
+		return hclog.Debug
+	}
+	return hclog.Warn
 }
 
 // routine reports an error line that only says this node closed something

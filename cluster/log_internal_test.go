@@ -32,3 +32,26 @@ func TestRaftLogLinesKeepTheirLevelUnlessRoutine(t *testing.T) {
 		t.Fatalf("levels %v, want %v\n%s", levels, want, out.String())
 	}
 }
+
+// TestRaftInfoLinesFollowTheLogLevel: raft's own progress lines (elections,
+// state changes) reach a node's log at --log-level debug, and stay out of
+// it at info.
+func TestRaftInfoLinesFollowTheLogLevel(t *testing.T) {
+	for _, tc := range []struct {
+		level slog.Level
+		want  bool
+	}{{slog.LevelDebug, true}, {slog.LevelInfo, false}} {
+		// The handler serialises its writes; the buffer is read once the
+		// node has stopped.
+		var out bytes.Buffer
+		cfg := testConfig(t.TempDir(), "boot-a")
+		cfg.Logger = slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: tc.level}))
+		n := open(t, cfg)
+		if err := n.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if got := strings.Contains(out.String(), "entering leader state"); got != tc.want {
+			t.Errorf("at level %s, raft's \"entering leader state\" logged: %v, want %v\n%s", tc.level, got, tc.want, out.String())
+		}
+	}
+}

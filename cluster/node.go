@@ -208,7 +208,7 @@ func Open(cfg Config) (n *Node, err error) {
 		return nil, fmt.Errorf("cluster: open raft log: %w", err)
 	}
 	closers = append(closers, n.store)
-	hl := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: hclog.Warn, JSONFormat: true,
+	hl := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: raftLogLevel(cfg.Logger), JSONFormat: true,
 		Output: hclogToSlog{log: cfg.Logger.With("component", "raft")}})
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(raftDir, 2, hl)
 	if err != nil {
