@@ -209,7 +209,7 @@ func Open(cfg Config) (n *Node, err error) {
 	}
 	closers = append(closers, n.store)
 	hl := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: raftLogLevel(cfg.Logger), JSONFormat: true,
-		Output: hclogToSlog{log: cfg.Logger.With("component", "raft")}})
+		Output: &hclogToSlog{log: cfg.Logger.With("component", "raft")}})
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(raftDir, 2, hl)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: snapshot store: %w", err)

@@ -49,7 +49,7 @@ type pilot struct {
 func newPilot(g *gossip) *pilot {
 	p := &pilot{g: g, kickCh: make(chan struct{}, 1), wake: make(chan struct{}, 1)}
 	hl := hclog.New(&hclog.LoggerOptions{Name: "autopilot", Level: hclog.Warn, JSONFormat: true,
-		Output: hclogToSlog{log: g.n.cfg.Logger.With("component", "autopilot")}})
+		Output: &hclogToSlog{log: g.n.cfg.Logger.With("component", "autopilot")}})
 	p.ap = autopilot.New(g.n.raft, p, autopilot.WithLogger(hl),
 		autopilot.WithReconcileInterval(g.cfg.PilotInterval), autopilot.WithUpdateInterval(g.cfg.PilotInterval))
 	return p
