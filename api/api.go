@@ -233,8 +233,12 @@ func (h *handler) wrap(endpoint, method string, fn func(http.ResponseWriter, *ht
 		r, err := h.authenticate(r, endpoint)
 		switch {
 		case err != nil:
-		case method != "" && r.Method != method:
-			sw.Header().Set("Allow", method)
+		case method != "" && r.Method != method && (method != http.MethodGet || r.Method != http.MethodHead):
+			allow := method
+			if method == http.MethodGet {
+				allow += ", " + http.MethodHead // answered as the GET, without the body
+			}
+			sw.Header().Set("Allow", allow)
 			err = errcode.MethodNotAllowed.With("%s needs %s", r.URL.Path, method)
 		default:
 			ctx, cancel, terr := withClientTimeout(r)

@@ -622,6 +622,23 @@ func TestProbesAndMetrics(t *testing.T) {
 	}
 }
 
+// TestGetEndpointsAnswerHEAD: a HEAD request, as load balancers' health
+// checks often send (HAProxy's "option httpchk HEAD /readyz"), is answered
+// as the GET would be, without the body; other methods still are not.
+func TestGetEndpointsAnswerHEAD(t *testing.T) {
+	e := newEnv(t)
+	for _, p := range []string{"/healthz", "/readyz"} {
+		r := e.do(http.MethodHead, p, nil, "")
+		if r.status != http.StatusOK || len(r.body) != 0 {
+			t.Errorf("HEAD %s: %d %q, want 200 without a body", p, r.status, r.body)
+		}
+	}
+	wantErr(t, e.do(http.MethodPost, "/readyz", nil, ""), http.StatusMethodNotAllowed, "method_not_allowed")
+	if allow := e.do(http.MethodPut, "/healthz", nil, "").header.Get("Allow"); allow != "GET, HEAD" {
+		t.Errorf("Allow %q, want GET, HEAD", allow)
+	}
+}
+
 func TestIdempotencyKeysAreScopedToTheRequest(t *testing.T) {
 	e := newEnv(t)
 	h := map[string]string{wire.HeaderIdempotencyKey: "same"}
