@@ -303,3 +303,51 @@ func TestClusterRestoreThroughAFollower(t *testing.T) {
 		t.Fatalf("a after refused uploads: %d %s", r.status, r.body)
 	}
 }
+
+// Requests waiting when a backup is restored wait on in the restored
+// state: an acquirer whose key the backup holds free gets it at once, and a
+// consumer blocked on a queue receives the next message enqueued, both long
+// before their waits run out.
+func TestWaitersKeepWaitingAcrossARestore(t *testing.T) {
+	e := newEnv(t)
+	e.commitDoc("w", `{"v":1}`)
+	backup := e.saveSnapshot()
+
+	e.acquire(wire.AcquireRequest{Key: "w", Owner: "holder", TTLSeconds: 60}, nil)
+	acquired := e.postAsync(context.Background(), nil, wire.AcquireRequest{Key: "w", Owner: "waiter", TTLSeconds: 30, BlockSecs: 60})
+	testutil.WaitFor(t, 5*time.Second, "the acquirer to queue", func() bool { return e.describe("w").Waiters == 1 })
+	dequeued := make(chan resp, 1)
+	go func() { dequeued <- e.dequeueRaw(`{"queue":"jobs","owner":"c","wait_seconds":60}`) }()
+	testutil.WaitFor(t, 5*time.Second, "the consumer to wait", func() bool { return e.stats("jobs").WaitingConsumers == 1 })
+
+	c := testutil.OperatorClient(t, e.url, client.WithRetry(0))
+	if _, err := c.RestoreSnapshot(testCtx(t), bytes.NewReader(backup), int64(len(backup)), nil); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case got := <-acquired:
+		var l wire.AcquireResponse
+		if got.err != nil || got.r.status != http.StatusOK {
+			t.Fatalf("the waiting acquire after the restore: %v %d %s", got.err, got.r.status, got.r.body)
+		}
+		got.r.json(t, &l)
+		if l.Owner != "waiter" || l.LeaseID == "" {
+			t.Fatalf("the waiting acquire got %+v", l)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the acquirer still waits for a key the restored state holds free")
+	}
+	testutil.WaitFor(t, 10*time.Second, "the consumer to wait in the restored state", func() bool {
+		return e.stats("jobs").WaitingConsumers == 1
+	})
+	sent := e.enqueue("jobs", "after the restore")
+	select {
+	case r := <-dequeued:
+		ds := parseDeliveries(t, r)
+		if len(ds) != 1 || ds[0].meta.Message == nil || ds[0].meta.Message.MessageID != sent.MessageID {
+			t.Fatalf("the waiting consumer got %+v, want message %s", ds, sent.MessageID)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("the consumer waiting across the restore never received the message enqueued after it")
+	}
+}

@@ -558,6 +558,9 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	}
 	f.db = db
 	f.loadMeta()
+	for _, o := range f.observers {
+		o.Observe([]Event{{Kind: EventRestored}})
+	}
 	return nil
 }
 

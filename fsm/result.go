@@ -84,6 +84,10 @@ const (
 	// EventDeliveryEnded: the delivery whose lease id is RequestID ended
 	// (acknowledged, handed back, dead-lettered or dropped).
 	EventDeliveryEnded
+	// EventRestored: the state was replaced by a snapshot (an operator's
+	// restore, or a catch-up). Whoever waits for an event of a request the
+	// old state knew has to ask the new state again.
+	EventRestored
 )
 
 // Event is a side effect of applying a batch that someone outside the state

@@ -154,8 +154,12 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 		Node: k.node}
 	events, unregister := k.waits.register(req, attempt)
 	defer unregister()
-	res, err := k.store.Propose(ctx, &fsm.Command{Op: fsm.OpAcquire, Acquire: cmd})
-	if err != nil {
+	res, ev, err := proposeAndWait(ctx, k.store, wait, events, func(left int64) *fsm.Command {
+		cmd.Wait = left
+		return &fsm.Command{Op: fsm.OpAcquire, Acquire: cmd}
+	}, func(r *fsm.Result) bool { return r.Lease != nil })
+	switch {
+	case err != nil:
 		// Without a result the acquire may have been applied all the same
 		// (a forward cut short): a queued request nobody waits for must
 		// leave the queue. A refusal of the state machine queued nothing.
@@ -165,20 +169,12 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 			}
 		}
 		return nil, err
-	}
-	if res.Lease != nil {
+	case res != nil:
 		return res.Lease, nil
-	}
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	select {
-	case ev := <-events:
-		if ev.Lease != nil {
-			return ev.Lease, nil
-		}
+	case ev != nil && ev.Lease != nil:
+		return ev.Lease, nil
+	case ev != nil:
 		return nil, ev.Err
-	case <-timer.C:
-	case <-ctx.Done():
 	}
 	// Stop waiting: leave the queue, unless the lease arrived meanwhile.
 	res, err = k.withdraw(ctx, ns, key, req, attempt)
@@ -199,6 +195,38 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 	}
 	e.RetryAfter = max(1, res.RetryAfter)
 	return nil, e
+}
+
+// proposeAndWait proposes the command cmd makes for a wait of left
+// milliseconds and, unless its result settles the request, waits up to
+// wait for the event that ends it. It returns the settling result, or the
+// event, or neither once wait has passed or ctx ended. A state restored
+// from a backup may have lost the line the request stood in: the request
+// is proposed again for what is left of the wait (a request still in line
+// keeps its place).
+func proposeAndWait(ctx context.Context, s Store, wait time.Duration, events <-chan fsm.Event,
+	cmd func(left int64) *fsm.Command, settled func(*fsm.Result) bool) (*fsm.Result, *fsm.Event, error) {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	until := time.Now().Add(wait)
+	left := wait.Milliseconds()
+	for {
+		res, err := s.Propose(ctx, cmd(left))
+		if err != nil || settled(res) {
+			return res, nil, err
+		}
+		select {
+		case ev := <-events:
+			if ev.Kind == fsm.EventRestored {
+				left = max(1, time.Until(until).Milliseconds())
+				continue
+			}
+			return nil, &ev, nil
+		case <-timer.C:
+		case <-ctx.Done():
+		}
+		return nil, nil, nil
+	}
 }
 
 // withdraw takes the acquire attempt out of the key's queue, whatever

@@ -295,8 +295,12 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 	}
 	events, unregister := q.waits.register(req, "")
 	defer unregister()
-	res, err := q.store.Propose(ctx, &fsm.Command{Op: fsm.OpDequeue, Dequeue: cmd})
-	if err != nil {
+	res, ev, err := proposeAndWait(ctx, q.store, wait, events, func(left int64) *fsm.Command {
+		cmd.Wait = left
+		return &fsm.Command{Op: fsm.OpDequeue, Dequeue: cmd}
+	}, func(r *fsm.Result) bool { return r.Queue.Message != nil })
+	switch {
+	case err != nil:
 		// Without a result the dequeue may have been applied all the same
 		// (a forward cut short): a waiting consumer nobody stands behind
 		// must leave. A refusal of the state machine queued nothing.
@@ -306,20 +310,12 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 			}
 		}
 		return nil, err
-	}
-	if m := res.Queue.Message; m != nil {
-		return q.fetch(ctx, m)
-	}
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	select {
-	case ev := <-events:
-		if ev.Message != nil {
-			return q.fetch(ctx, ev.Message)
-		}
+	case res != nil:
+		return q.fetch(ctx, res.Queue.Message)
+	case ev != nil && ev.Message != nil:
+		return q.fetch(ctx, ev.Message)
+	case ev != nil:
 		return nil, ev.Err
-	case <-timer.C:
-	case <-ctx.Done():
 	}
 	// Stop waiting, unless a message arrived meanwhile.
 	res, err = q.withdraw(ctx, ns, queue, req)

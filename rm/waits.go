@@ -59,6 +59,10 @@ func (w *Waits) Observe(events []fsm.Event) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for _, e := range events {
+		if e.Kind == fsm.EventRestored {
+			w.tellAll(e)
+			continue
+		}
 		if e.Kind != fsm.EventGranted && e.Kind != fsm.EventWaitEnded && e.Kind != fsm.EventDelivered && e.Kind != fsm.EventDeliveryEnded {
 			continue
 		}
@@ -66,11 +70,41 @@ func (w *Waits) Observe(events []fsm.Event) {
 			if e.Kind == fsm.EventWaitEnded && e.Attempt != "" && e.Attempt != l.attempt {
 				continue
 			}
-			select {
-			case l.ch <- e:
-			default: // already told
-			}
+			tell(l.ch, e)
 		}
+	}
+}
+
+// tellAll hands e to every request waiting on this node. Called with w.mu
+// held.
+func (w *Waits) tellAll(e fsm.Event) {
+	for _, list := range w.waiting {
+		for _, l := range list {
+			tell(l.ch, e)
+		}
+	}
+}
+
+// tell hands e to a listener unless it has already been told something
+// else: a restore's event gives way to an outcome, which would otherwise be
+// lost while the listener has not yet read that it has to ask again. Only
+// Observe sends, with w.mu held.
+func tell(ch chan fsm.Event, e fsm.Event) {
+	select {
+	case ch <- e:
+		return
+	default:
+	}
+	select {
+	case old := <-ch:
+		if e.Kind == fsm.EventRestored || old.Kind != fsm.EventRestored {
+			e = old // already told
+		}
+	default: // read meanwhile
+	}
+	select {
+	case ch <- e:
+	default:
 	}
 }
 

@@ -78,10 +78,10 @@ func (s *Sweeper) SetLeader(isLeader bool) { s.Set(isLeader, s.run) }
 func (s *Sweeper) Sweeps() int64 { return s.sweeps.Load() }
 
 // Observe implements fsm.Observer: a new deadline earlier than the planned
-// wake-up wakes the loop so it can re-plan.
+// wake-up, or a restored state, wakes the loop so it can re-plan.
 func (s *Sweeper) Observe(events []fsm.Event) {
 	for _, e := range events {
-		if e.Kind == fsm.EventTimer && e.When < s.planned.Load() {
+		if e.Kind == fsm.EventRestored || e.Kind == fsm.EventTimer && e.When < s.planned.Load() {
 			select {
 			case s.kick <- struct{}{}:
 			default:

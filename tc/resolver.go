@@ -61,11 +61,11 @@ func (r *Resolver) Kick() {
 	}
 }
 
-// Observe implements fsm.Observer: a new decision to fan out or a
-// transaction falling in doubt wakes the loop.
+// Observe implements fsm.Observer: a new decision to fan out, a
+// transaction falling in doubt or a restored state wakes the loop.
 func (r *Resolver) Observe(events []fsm.Event) {
 	for _, e := range events {
-		if e.Kind == fsm.EventFanout || e.Kind == fsm.EventDoubt {
+		if e.Kind == fsm.EventFanout || e.Kind == fsm.EventDoubt || e.Kind == fsm.EventRestored {
 			r.Kick()
 			return
 		}
