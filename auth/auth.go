@@ -61,7 +61,7 @@ func ParsePerm(s string) (Perm, error) {
 		return permOfURI(u)
 	}
 	ns, mode, found := strings.Cut(s, ":")
-	p := Perm{Namespace: ns, Write: true}
+	p := Perm{Namespace: foldNamespace(ns), Write: true}
 	if found {
 		switch mode {
 		case "r":
@@ -77,11 +77,23 @@ func ParsePerm(s string) (Perm, error) {
 	return p, nil
 }
 
+// foldNamespace lower-cases A-Z (and nothing else), as the server does
+// with the namespace a request names: a permission for "Orders" covers the
+// namespace "orders" requests reach however they spell it.
+func foldNamespace(ns string) string {
+	return strings.Map(func(r rune) rune {
+		if r >= 'A' && r <= 'Z' {
+			return r + 'a' - 'A'
+		}
+		return r
+	}, ns)
+}
+
 func permOfURI(u *url.URL) (Perm, error) {
 	if u.Scheme != uriScheme || u.Host != "ns" {
 		return Perm{}, fmt.Errorf("auth: %q is not a namespace permission", u)
 	}
-	ns := strings.TrimPrefix(u.Path, "/")
+	ns := foldNamespace(strings.TrimPrefix(u.Path, "/"))
 	if ns == "" || strings.Contains(ns, "/") {
 		return Perm{}, fmt.Errorf("auth: %q names no namespace", u)
 	}

@@ -78,6 +78,8 @@ func TestParsePerm(t *testing.T) {
 		"raftlockd://ns/orders?perm=r":   {Namespace: "orders"},
 		"raftlockd://ns/billing?perm=rw": {Namespace: "billing", Write: true},
 		"raftlockd://ns/%2A?perm=r":      {Namespace: "*"},
+		"Orders:r":                       {Namespace: "orders"},
+		"raftlockd://ns/Billing?perm=rw": {Namespace: "billing", Write: true},
 	} {
 		got, err := ParsePerm(in)
 		if err != nil || got != want {
@@ -88,6 +90,16 @@ func TestParsePerm(t *testing.T) {
 		if _, err := ParsePerm(bad); err == nil {
 			t.Errorf("%q: want an error", bad)
 		}
+	}
+}
+
+// A certificate issued before namespaces were lower-cased at issue still
+// covers its namespace as requests spell it (the server lower-cases them).
+func TestPermissionsOfACertificateIgnoreCase(t *testing.T) {
+	cl := mustIssue(t, mustCA(t), RoleClient, IssueOptions{Name: "app", Perms: []Perm{{Namespace: "Orders", Write: true}}})
+	id, err := cl.Identity()
+	if err != nil || !id.Allows("orders", true) || id.Allows("billing", false) {
+		t.Fatalf("identity %+v %v: want namespace orders, read-write, only", id, err)
 	}
 }
 

@@ -199,15 +199,42 @@ func TestNamespacePermissions(t *testing.T) {
 	wantFailure(t, env, []string{"auth", "revoked"}, "role_forbidden")
 }
 
+// issueClient issues, with `auth new client` and the CA of srv's data
+// directory, a client bundle allowed namespace ns and returns its path.
+func issueClient(t testing.TB, srv *serverProc, ns string) string {
+	t.Helper()
+	app := filepath.Join(t.TempDir(), "app.pem")
+	mustCLI(t, nil, "", "auth", "new", "client", "--ca", filepath.Join(srv.dataDir, "tls", auth.CAFile), "--out", app,
+		"--namespace", ns)
+	return app
+}
+
+// TestNamespacePermissionIgnoresCase issues a client certificate for a
+// namespace spelled with capitals: the server lower-cases the namespaces
+// requests name, so the certificate covers the namespace however a
+// request spells it.
+func TestNamespacePermissionIgnoresCase(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	app := issueClient(t, srv, "Orders")
+	if ns := inspect(t, app).Namespaces; !slices.Equal(ns, []string{"orders:rw"}) {
+		t.Fatalf("auth inspect shows namespaces %q, want [orders:rw]", ns)
+	}
+	env := srv.clientEnv("RAFTLOCKD_CLIENT_BUNDLE=" + app)
+	for _, ns := range []string{"Orders", "orders"} {
+		lease := parseExports(t, mustCLI(t, env, "", "client", "acquire", "--key", "k", "--namespace", ns))
+		mustCLI(t, append(env, envList(lease)...), "", "client", "release")
+	}
+	wantFailure(t, env, []string{"client", "acquire", "--key", "k", "--namespace", "billing"}, "namespace_forbidden")
+}
+
 // TestRevokeClient revokes a client certificate by the serial `auth
 // inspect` shows: its next request fails with certificate_revoked, while
 // other certificates keep working.
 func TestRevokeClient(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t)
-	app := filepath.Join(t.TempDir(), "app.pem")
-	mustCLI(t, nil, "", "auth", "new", "client", "--ca", filepath.Join(srv.dataDir, "tls", auth.CAFile), "--out", app,
-		"--namespace", "*")
+	app := issueClient(t, srv, "*")
 	env := srv.clientEnv("RAFTLOCKD_CLIENT_BUNDLE=" + app)
 	mustCLI(t, env, "", "client", "get", "--key", "k")
 
