@@ -11,7 +11,8 @@ import (
 // (revocations) and the foreign CAs whose servers and TC clients may call
 // its coordinator and resource-manager endpoints. They are state like any
 // other, so every node enforces the same lists and a restore brings them
-// back.
+// back; an operator's restore of an older backup keeps the current
+// revocations too (PrepareRestore).
 var (
 	bucketRevoked = []byte("auth_revoked") // serial (lower-case hex) -> Revocation
 	bucketTrust   = []byte("tc_trust")     // CA fingerprint -> TrustedCA

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"io"
 	"math/rand/v2"
+	"os"
 	"reflect"
 	"strings"
 	"testing"
@@ -244,5 +245,31 @@ func TestAccessListsSurviveSnapshotAndRestore(t *testing.T) {
 	dst.index = dst.f.Applied()
 	if r := dst.one(revokeCmd("beef", "")); r.Err != nil || r.Auth.Changed {
 		t.Fatalf("revoking a serial revoked before the snapshot: %+v", r)
+	}
+}
+
+// An operator's restore of a backup taken before a certificate was revoked
+// does not let the certificate back in: PrepareRestore keeps the current
+// denylist's entries, besides the backup's own.
+func TestPrepareRestoreKeepsRevocations(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(revokeCmd("1", "old"))
+	backup := snapshotFile(t, h)
+	h.one(revokeCmd("beef", "stolen"))
+	want := h.revocations()
+
+	if err := h.f.PrepareRestore(backup); err != nil {
+		t.Fatal(err)
+	}
+	dst := openHarness(t, t.TempDir())
+	f, err := os.Open(backup)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := dst.f.Restore(f); err != nil {
+		t.Fatal(err)
+	}
+	if got := dst.revocations(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("denylist after restoring an older backup: %+v, want %+v", got, want)
 	}
 }

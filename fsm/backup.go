@@ -134,10 +134,11 @@ func walk(b *bolt.Bucket) error {
 // least its current value (a key the file does not know gets a record that
 // holds only its counter), so is every message's the file holds, the
 // replicated clock, the coordinators' terms and the island's voter
-// high-water mark to at least the current ones, and the island keeps its
-// backend hash and its own registry entry. Documents, versions, leases,
-// queues and transactions are the file's. The caller must keep commands
-// from being applied between this call and the restore.
+// high-water mark to at least the current ones, the file's denylist gets
+// the current one's serials, and the island keeps its backend hash and its
+// own registry entry. Documents, versions, leases, queues and transactions
+// are the file's. The caller must keep commands from being applied between
+// this call and the restore.
 func (f *FSM) PrepareRestore(path string) error {
 	return guard(func() error {
 		db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
@@ -166,6 +167,21 @@ func (f *FSM) PrepareRestore(path string) error {
 						return nil
 					}
 					return terms.Put(bytes.Clone(home), bytes.Clone(v))
+				})
+				if err != nil {
+					return err
+				}
+				// A revoked certificate stays revoked: the file gets the
+				// current denylist's entries it lacks.
+				revoked, err := tx.CreateBucketIfNotExists(bucketRevoked)
+				if err != nil {
+					return err
+				}
+				err = cur.b(bucketRevoked).ForEach(func(serial, v []byte) error {
+					if revoked.Get(serial) != nil {
+						return nil
+					}
+					return revoked.Put(bytes.Clone(serial), bytes.Clone(v))
 				})
 				if err != nil {
 					return err
