@@ -489,6 +489,15 @@ func (h *handler) queueSubscribe(withState bool) func(http.ResponseWriter, *http
 				h.abandon(d)
 				break
 			}
+			// A certificate revoked (or whose CA was dropped) since the
+			// stream began gets no further delivery.
+			if _, err := h.authenticate(r, r.URL.Path); err != nil {
+				h.abandon(d)
+				if mw == nil {
+					return err
+				}
+				break
+			}
 			if mw == nil {
 				mw = startMultipart(w)
 			}

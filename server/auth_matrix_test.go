@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"encoding/json"
 	"encoding/pem"
+	"errors"
 	"fmt"
 	"io"
 	"mime/multipart"
@@ -27,6 +28,7 @@ import (
 	"github.com/raftlockd/raftlockd/auth"
 	"github.com/raftlockd/raftlockd/client"
 	"github.com/raftlockd/raftlockd/config"
+	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/internal/testutil"
 	"github.com/raftlockd/raftlockd/wire"
 )
@@ -929,4 +931,48 @@ func TestAuthMatrixWithMTLSDisabled(t *testing.T) {
 	base, _ := startMatrixServer(t, func(cfg *config.Server) { cfg.DisableMTLS, cfg.Bundle = true, "" })
 	hc := plainHTTPClient(t)
 	runMatrix(t, matrixServer{base: base, admin: hc, callers: map[string]*http.Client{plain: hc}})
+}
+
+// A subscription opened before its certificate was revoked receives no
+// further delivery: the stream ends, and opening it again is refused with
+// certificate_revoked.
+func TestRevokedSubscriberGetsNoFurtherDelivery(t *testing.T) {
+	t.Parallel()
+	srv := startTLSNode(t, tlsNodeConfig(t, "n1"))
+	app := issueCert(t, nil, auth.RoleClient, auth.IssueOptions{Name: "app", Perms: rwPerm("*")})
+	sub, op := sdkClient(t, srv.URL(), app, client.WithRetry(0)), operatorClient(t, srv.URL())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	q := wire.EnqueueRequest{Queue: "q"}
+	if _, err := op.Enqueue(ctx, q, []byte("before")); err != nil {
+		t.Fatal(err)
+	}
+	got, done := make(chan string, 2), make(chan error, 1)
+	go func() {
+		done <- sub.Subscribe(ctx, wire.DequeueRequest{Queue: "q", Owner: "app", WaitSeconds: 20},
+			func(d *client.Delivery) error {
+				err := d.Ack(ctx)
+				got <- string(d.Payload)
+				return err
+			})
+	}()
+	if p := <-got; p != "before" {
+		t.Fatalf("first delivery %q", p)
+	}
+	if _, err := op.Revoke(ctx, auth.SerialOf(app.Cert), "test"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := op.Enqueue(ctx, q, []byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case p := <-got:
+		t.Fatalf("the revoked subscriber received %q", p)
+	case err := <-done:
+		if !errors.Is(err, errcode.CertificateRevoked) {
+			t.Fatalf("subscription ended with %v, want certificate_revoked", err)
+		}
+	case <-ctx.Done():
+		t.Fatal("the revoked subscription still runs")
+	}
 }
