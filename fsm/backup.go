@@ -156,6 +156,9 @@ func (f *FSM) PrepareRestore(path string) error {
 				if err := raiseTokens(cur, tx, bucketQMsgs, func(m *Message) *int64 { return &m.Fencing }, false); err != nil {
 					return err
 				}
+				if err := raiseMessageTokens(cur, tx); err != nil {
+					return err
+				}
 				// Coordinators' terms only rise: a decision of a deposed
 				// coordinator stays refused.
 				terms, err := tx.CreateBucketIfNotExists(bucketTCTerms)
@@ -208,6 +211,48 @@ func (f *FSM) PrepareRestore(path string) error {
 			})
 		})
 	})
+}
+
+// raiseMessageTokens raises the counter of every message in the file to the
+// highest token any message has been delivered with: a message the file
+// holds may have been delivered again since the backup, then acknowledged
+// and removed, leaving no record of its own to raise it to.
+func raiseMessageTokens(cur *View, tx *bolt.Tx) error {
+	hwm := u64(cur.b(bucketMeta).Get(metaMsgTokens))
+	if hwm == 0 {
+		return nil
+	}
+	msgs, err := tx.CreateBucketIfNotExists(bucketQMsgs)
+	if err != nil {
+		return err
+	}
+	raised := map[string][]byte{} // written after the walk: bbolt forbids writes during it
+	err = msgs.ForEach(func(k, v []byte) error {
+		var m Message
+		if err := json.Unmarshal(v, &m); err != nil {
+			return errcode.InvalidSnapshot.With("%s record %q is malformed", bucketQMsgs, k)
+		}
+		if uint64(m.Fencing) >= hwm {
+			return nil
+		}
+		m.Fencing = int64(hwm)
+		raw, err := json.Marshal(m)
+		raised[string(k)] = raw
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	for k, raw := range raised {
+		if err := msgs.Put([]byte(k), raw); err != nil {
+			return err
+		}
+	}
+	meta := tx.Bucket(bucketMeta)
+	if hwm > u64(meta.Get(metaMsgTokens)) {
+		return meta.Put(metaMsgTokens, putU64(hwm))
+	}
+	return nil
 }
 
 // keepOwnEntry gives the registry entries of the island the file came from

@@ -179,16 +179,7 @@ func TestPrepareRestoreKeepsTheIslandsOwnRegistryEntry(t *testing.T) {
 	dst := openHarness(t, t.TempDir())
 	dst.one(&Command{Op: OpSetBackend, SetBackend: &SetBackendCmd{Hash: "island-b"}})
 	register(dst, "island-b", "https://b1:9341")
-	if err := dst.f.PrepareRestore(backup); err != nil {
-		t.Fatal(err)
-	}
-	f, err := os.Open(backup)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := dst.f.Restore(f); err != nil {
-		t.Fatal(err)
-	}
+	restoreBackup(t, dst, backup)
 	var rms map[string]RMEntry
 	_ = dst.f.View(func(v *View) error { rms = v.RMs(); return nil })
 	if _, ok := rms["island-a"]; ok {
@@ -200,4 +191,22 @@ func TestPrepareRestoreKeepsTheIslandsOwnRegistryEntry(t *testing.T) {
 	if e := rms["island-c"]; !slices.Equal(e.Endpoints, []string{"https://c1:9341"}) {
 		t.Errorf("a peer island of the backup is %v after the restore", e.Endpoints)
 	}
+}
+
+// restoreBackup prepares the backup file at path and installs it as h's
+// state, as an operator's restore does.
+func restoreBackup(t *testing.T, h *harness, path string) {
+	t.Helper()
+	if err := h.f.PrepareRestore(path); err != nil {
+		t.Fatal(err)
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := h.f.Restore(f); err != nil {
+		t.Fatal(err)
+	}
+	h.index = h.f.Applied()
 }

@@ -486,6 +486,9 @@ func (s *applyState) deliver(ns, queue, id string, w QueueWaiter) *MessageInfo {
 	}
 	m.Attempts++
 	m.Fencing++
+	if uint64(m.Fencing) > u64(s.b(bucketMeta).Get(metaMsgTokens)) {
+		s.put(bucketMeta, metaMsgTokens, putU64(uint64(m.Fencing)))
+	}
 	m.Lease = &MessageLease{ID: w.LeaseID, Owner: w.Owner, TxnID: w.TxnID, Token: m.Fencing, ExpiresAt: s.now + vis,
 		Request: w.RequestID}
 	m.VisibleAt = m.Lease.ExpiresAt
