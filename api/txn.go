@@ -25,7 +25,7 @@ type Coordinator interface {
 	Decide(ctx context.Context, d tc.Decision) (*fsm.TxnInfo, error)
 	Replay(ctx context.Context, txn string) (*fsm.TxnInfo, error)
 	Status(ctx context.Context, txn string) (*fsm.TxnInfo, error)
-	Register(ctx context.Context, backend, endpoint string, remove bool) (fsm.RMInfo, error)
+	Register(ctx context.Context, backend, endpoint string, remove, passedOn bool) (fsm.RMInfo, error)
 	RMs(ctx context.Context) (map[string]fsm.RMEntry, error)
 }
 
@@ -258,7 +258,7 @@ func (h *handler) rmRegister(remove bool) func(http.ResponseWriter, *http.Reques
 		if err != nil {
 			return err
 		}
-		info, err := h.Coordinator.Register(r.Context(), backend, ep, remove)
+		info, err := h.Coordinator.Register(r.Context(), backend, ep, remove, req.PassedOn)
 		if err != nil {
 			return err
 		}

@@ -211,31 +211,35 @@ func (r *Resolver) round(ctx context.Context, backoff map[string]retry) (next ti
 }
 
 // Register adds (or removes) an RM endpoint of island backend in this
-// island's registry through Raft, and passes a change on to every other
+// island's registry through Raft, and passes the change on to every other
 // island in the registry, so that islands learn about each other. When
 // the change cannot be replicated everywhere it answers
-// tc_rm_replication_failed (what was recorded stays).
-func (c *Coordinator) Register(ctx context.Context, backend, endpoint string, remove bool) (fsm.RMInfo, error) {
+// tc_rm_replication_failed (what was recorded stays). An operator's
+// request is passed on even when this island has the change already, so
+// that retrying it reaches the islands that missed it; a change passedOn
+// by another island goes further only when it changed something here,
+// which ends the passing on.
+func (c *Coordinator) Register(ctx context.Context, backend, endpoint string, remove, passedOn bool) (fsm.RMInfo, error) {
 	rms, err := c.RMs(ctx)
 	if err != nil {
 		return fsm.RMInfo{}, errcode.TCRMReplication.With("reading the registry: %v", err)
 	}
-	if e, ok := rms[backend]; slices.Contains(e.Endpoints, endpoint) != remove || (!ok && remove) {
-		return fsm.RMInfo{Backend: backend, Entry: e}, nil
-	}
-	res, err := c.store.Propose(ctx, &fsm.Command{Op: fsm.OpRMRegister,
-		RMRegister: &fsm.RMRegisterCmd{Backend: backend, Endpoint: endpoint, Remove: remove}})
-	if err != nil {
-		if e := envelope(err); e != nil && e.Code == errcode.MalformedCmd.Code {
-			return fsm.RMInfo{}, errcode.InvalidParams.With("%s", e.Detail)
+	info := fsm.RMInfo{Backend: backend, Entry: rms[backend]}
+	if slices.Contains(info.Entry.Endpoints, endpoint) == remove {
+		res, err := c.store.Propose(ctx, &fsm.Command{Op: fsm.OpRMRegister,
+			RMRegister: &fsm.RMRegisterCmd{Backend: backend, Endpoint: endpoint, Remove: remove}})
+		if err != nil {
+			if e := envelope(err); e != nil && e.Code == errcode.MalformedCmd.Code {
+				return fsm.RMInfo{}, errcode.InvalidParams.With("%s", e.Detail)
+			}
+			return fsm.RMInfo{}, errcode.TCRMReplication.With("recording the registration: %v", err)
 		}
-		return fsm.RMInfo{}, errcode.TCRMReplication.With("recording the registration: %v", err)
+		info = *res.RM
 	}
-	info := *res.RM
-	if !info.Changed {
+	if !info.Changed && passedOn {
 		return info, nil
 	}
-	if _, known := rms[backend]; !known {
+	if _, known := rms[backend]; !known && info.Changed {
 		c.learned.Store(true)
 	}
 	self := c.island.BackendHash()
@@ -247,7 +251,7 @@ func (c *Coordinator) Register(ctx context.Context, backend, endpoint string, re
 	}
 	errs := eachIsland(others, func(b string) error {
 		return c.atIsland(ctx, b, func(ctx context.Context, ep string) error {
-			_, err := c.remote.Register(ctx, ep, wire.TCRMRegisterRequest{BackendHash: backend, Endpoint: endpoint}, remove)
+			_, err := c.remote.Register(ctx, ep, wire.TCRMRegisterRequest{BackendHash: backend, Endpoint: endpoint, PassedOn: true}, remove)
 			return err
 		})
 	})
@@ -286,14 +290,14 @@ func (c *Coordinator) SyncRegistry(ctx context.Context) error {
 	have := rms[self].Endpoints
 	for _, ep := range mine {
 		if !slices.Contains(have, ep) {
-			if _, err := c.Register(ctx, self, ep, false); err != nil {
+			if _, err := c.Register(ctx, self, ep, false, false); err != nil {
 				return err
 			}
 		}
 	}
 	for _, ep := range have {
 		if !slices.Contains(mine, ep) {
-			if _, err := c.Register(ctx, self, ep, true); err != nil {
+			if _, err := c.Register(ctx, self, ep, true, false); err != nil {
 				return err
 			}
 		}
@@ -330,7 +334,7 @@ func (c *Coordinator) SyncRegistry(ctx context.Context) error {
 		for _, in := range tell[at] {
 			for _, ep := range in.eps {
 				actx, cancel := context.WithTimeout(ctx, c.cfg.FanoutTimeout)
-				_, err := c.remote.Register(actx, at, wire.TCRMRegisterRequest{BackendHash: in.backend, Endpoint: ep}, false)
+				_, err := c.remote.Register(actx, at, wire.TCRMRegisterRequest{BackendHash: in.backend, Endpoint: ep, PassedOn: true}, false)
 				cancel()
 				switch {
 				case err == nil, isReplicationPartial(err):

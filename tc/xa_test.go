@@ -1014,3 +1014,46 @@ func TestAConflictOnARenewedPrepareRollsBackWhatTheIslandPreparedBefore(t *testi
 		t.Fatalf("kb1 on b after the rollback: %+v %v", d, err)
 	}
 }
+
+// A registry change that answered tc_rm_replication_failed is passed on
+// again when it is retried, even though it is recorded here already: a
+// retry answers 200 only once every island has it, so that the island that
+// missed an unregister does not teach the endpoint back to the others.
+func TestARetriedRegistryChangeReachesTheIslandsItMissed(t *testing.T) {
+	a, b := startIsland(t, "a"), startIsland(t, "b")
+	register(t, a, b)
+	ctx := context.Background()
+	gone := wire.TCRMRegisterRequest{BackendHash: "gone", Endpoint: "http://" + testutil.FreeAddr(t)}
+	if _, err := a.client().RMRegister(ctx, gone, false); err != nil {
+		t.Fatal(err)
+	}
+	has := func(is *island) bool {
+		list, err := is.client().RMList(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range list.Backends {
+			if e.BackendHash == gone.BackendHash {
+				return true
+			}
+		}
+		return false
+	}
+	if !has(b) {
+		t.Fatal("the registration was not passed on to b")
+	}
+	b.stop()
+	_, err := a.client().RMRegister(ctx, gone, true)
+	wantCode(t, err, http.StatusBadGateway, "tc_rm_replication_failed")
+	// b still has the entry: the retry must not pretend otherwise.
+	_, err = a.client().RMRegister(ctx, gone, true)
+	wantCode(t, err, http.StatusBadGateway, "tc_rm_replication_failed")
+	b.start()
+	testutil.WaitFor(t, 10*time.Second, "the retried unregister to reach b", func() bool {
+		_, err := a.client().RMRegister(ctx, gone, true)
+		return err == nil
+	})
+	if has(a) || has(b) {
+		t.Fatalf("after a successful unregister: on a %v, on b %v", has(a), has(b))
+	}
+}

@@ -72,6 +72,10 @@ type TxnStatusResponse struct {
 type TCRMRegisterRequest struct {
 	BackendHash string `json:"backend_hash"`
 	Endpoint    string `json:"endpoint"`
+	// PassedOn marks a change one island's coordinator passes on to
+	// another, which passes it on further only when it changed its
+	// registry (raftlockd).
+	PassedOn bool `json:"passed_on,omitempty"`
 }
 
 // TCRMRegisterResponse answers POST /v1/tc/rm/register.
