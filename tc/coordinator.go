@@ -519,7 +519,7 @@ func appendNew(set []string, s string) []string {
 // yet expired stays pending, and a transaction this coordinator has no
 // record of is rolled back and recorded so (presumed abort). On an island
 // that is a resource manager for txn, a replay asks the coordinating island
-// for its decision and applies it here.
+// for its decision and applies it here (pending while it has none).
 //
 // The answer carries this coordinator's current term, so that an island
 // in doubt can apply it even after it has seen newer terms. An island the
@@ -549,7 +549,12 @@ func (c *Coordinator) replay(ctx context.Context, txn string) (*fsm.TxnInfo, err
 		return c.propose(ctx, &fsm.DecideCmd{TxnID: txn, State: fsm.TxnRollback, Reason: fsm.ReasonPresumedAbort,
 			Detail: "the coordinator has no record of the transaction"})
 	case rec.Home != "" && rec.State == fsm.TxnPending:
-		return c.resolveDoubt(ctx, rec)
+		info, err := c.resolveDoubt(ctx, rec)
+		if errors.Is(err, errcode.TxnPending) {
+			// The coordinator has not decided: pending, as it answers.
+			return recordInfo(rec), nil
+		}
+		return info, err
 	case rec.Home != "":
 		return recordInfo(rec), nil
 	case rec.State == fsm.TxnPending && rec.ExpiresAt != 0 && rec.ExpiresAt <= c.clock.Now().UnixMilli():

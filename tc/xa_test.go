@@ -1057,3 +1057,34 @@ func TestARetriedRegistryChangeReachesTheIslandsItMissed(t *testing.T) {
 		t.Fatalf("after a successful unregister: on a %v, on b %v", has(a), has(b))
 	}
 }
+
+// A replay on an island that prepared a transaction its coordinator has
+// not decided yet answers pending, as the coordinator's own replay does,
+// and leaves the participants prepared.
+func TestReplayOnAPreparedIslandAnswersPendingWhileUndecided(t *testing.T) {
+	a, b := startIsland(t, "a"), startIsland(t, "b")
+	register(t, a, b)
+	ctx := context.Background()
+	txn := xid.New().String()
+	stage(t, acquire(t, b.client(), "kb", txn, "w"), `{"v":1}`)
+	if _, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStatePending,
+		Participants: []wire.TxnParticipant{part("kb", b)}, ExpiresAtUnix: time.Now().Add(time.Minute).Unix()}); err != nil {
+		t.Fatal(err)
+	}
+	for _, is := range []*island{a, b} {
+		out, err := is.client().TxnReplay(ctx, txn)
+		if err != nil || out.State != fsm.TxnPending {
+			t.Fatalf("replay on %s: %+v %v; want pending", is.name, out, err)
+		}
+	}
+	if r := b.record(txn); r == nil || r.State != fsm.TxnPending {
+		t.Fatalf("b's record after the replay: %+v", r)
+	}
+	if _, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateCommit}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := b.client().TxnReplay(ctx, txn); err != nil || out.State != fsm.TxnCommit {
+		t.Fatalf("replay on b after the commit: %+v %v", out, err)
+	}
+	clean(t, a, b)
+}
