@@ -62,6 +62,9 @@ a participant without a backend hash belongs to the island of --server.
 	addAdminFlags(cmd, o, true, auth.TCClientFile, "")
 	decide := func(state string) func(ctx context.Context, c *client.Client, _ []string) (*wire.TxnDecisionResponse, error) {
 		return func(ctx context.Context, c *client.Client, _ []string) (*wire.TxnDecisionResponse, error) {
+			if expires < 0 {
+				return nil, fmt.Errorf("--expires %s: want a positive duration", expires)
+			}
 			req := wire.TxnDecisionRequest{TxnID: txnID, State: state, Owner: owner}
 			for _, s := range parts {
 				p, err := parseParticipant(s)

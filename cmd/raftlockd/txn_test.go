@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/rs/xid"
+
 	"github.com/raftlockd/raftlockd/wire"
 )
 
@@ -188,5 +190,16 @@ echo "UNREGISTERED=$(raftlockd tc rm list | grep -c feedface)"
 	}
 	if v["REGISTERED"] != "1" || v["UNREGISTERED"] != "0" {
 		t.Errorf("registry: %q then %q (output:\n%s)", v["REGISTERED"], v["UNREGISTERED"], out)
+	}
+}
+
+// A negative --expires is refused before anything is sent, rather than
+// taken for the server's default.
+func TestCLITxnPrepareRefusesANegativeExpiry(t *testing.T) {
+	t.Parallel()
+	res := cli(t, nil, "", "txn", "prepare", "--server", "http://127.0.0.1:1", "--txn-id", xid.New().String(),
+		"--participant", "k", "--expires", "-5s")
+	if res.code == 0 || !strings.Contains(res.stderr, "--expires") {
+		t.Fatalf("exit %d, stderr %q; want a refusal naming --expires", res.code, res.stderr)
 	}
 }
