@@ -26,7 +26,7 @@ type Coordinator interface {
 	Replay(ctx context.Context, txn string) (*fsm.TxnInfo, error)
 	Status(ctx context.Context, txn string) (*fsm.TxnInfo, error)
 	Register(ctx context.Context, backend, endpoint string, remove, passedOn bool) (fsm.RMInfo, error)
-	RMs(ctx context.Context) (map[string]fsm.RMEntry, error)
+	Registry(ctx context.Context) (map[string]fsm.RMEntry, int64, error)
 }
 
 // ResourceManager applies other islands' coordinators' requests here.
@@ -276,12 +276,11 @@ func nonNil(s []string) []string {
 }
 
 func (h *handler) rmList(w http.ResponseWriter, r *http.Request) error {
-	rms, err := h.Coordinator.RMs(r.Context())
+	rms, latest, err := h.Coordinator.Registry(r.Context())
 	if err != nil {
 		return err
 	}
 	out := wire.TCRMListResponse{Backends: []wire.TCRMBackend{}}
-	var latest int64
 	for b, e := range rms {
 		out.Backends = append(out.Backends, wire.TCRMBackend{BackendHash: b, Endpoints: nonNil(e.Endpoints),
 			UpdatedAtUnix: unixSeconds(e.UpdatedAt)})

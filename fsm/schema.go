@@ -34,6 +34,7 @@ var (
 	metaSeq     = []byte("seq")     // last waiter sequence number
 	metaBackend = []byte("backend") // the island's backend hash
 	metaVoters  = []byte("voters")  // the island's voter high-water mark
+	metaRMs     = []byte("rms")     // when the RM registry last changed, Unix ms
 	// metaMsgTokens is the highest fencing token any message was delivered
 	// with (8 bytes): a restore raises every message's counter to it, since
 	// a message the backup holds may have been delivered since and be gone.

@@ -537,6 +537,7 @@ func (s *applyState) rmRegister(c *RMRegisterCmd) *Result {
 		return &Result{RM: &RMInfo{Backend: c.Backend, Entry: e}}
 	}
 	e.UpdatedAt = s.now
+	s.put(bucketMeta, metaRMs, putU64(uint64(s.now)))
 	if len(e.Endpoints) == 0 {
 		s.del(bucketRMs, []byte(c.Backend))
 	} else {
@@ -566,6 +567,10 @@ func (v *View) RMs() map[string]RMEntry {
 	}
 	return out
 }
+
+// RMsUpdatedAt returns when the registry last changed (Unix ms; 0 if it
+// never did, or only before this was recorded).
+func (v *View) RMsUpdatedAt() int64 { return int64(u64(v.b(bucketMeta).Get(metaRMs))) }
 
 // TCTerm returns the newest term seen from the TC of island home.
 func (v *View) TCTerm(home string) uint64 { return u64(v.b(bucketTCTerms).Get([]byte(home))) }

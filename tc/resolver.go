@@ -263,12 +263,19 @@ func (c *Coordinator) Register(ctx context.Context, backend, endpoint string, re
 
 // RMs returns the registry.
 func (c *Coordinator) RMs(ctx context.Context) (map[string]fsm.RMEntry, error) {
+	out, _, err := c.Registry(ctx)
+	return out, err
+}
+
+// Registry returns the registry and when it last changed (Unix ms).
+func (c *Coordinator) Registry(ctx context.Context) (map[string]fsm.RMEntry, int64, error) {
 	var out map[string]fsm.RMEntry
+	var updated int64
 	err := c.store.Read(ctx, func(v *fsm.View) error {
-		out = v.RMs()
+		out, updated = v.RMs(), v.RMsUpdatedAt()
 		return nil
 	})
-	return out, err
+	return out, updated, err
 }
 
 // SyncRegistry records this island's member endpoints in its own registry

@@ -1088,3 +1088,24 @@ func TestReplayOnAPreparedIslandAnswersPendingWhileUndecided(t *testing.T) {
 	}
 	clean(t, a, b)
 }
+
+// The registry's updated_at_unix is when it last changed, a change that
+// removes an island's last endpoint (and with it the island) included.
+func TestRegistryListIsUpdatedWhenAnIslandIsUnregistered(t *testing.T) {
+	a := startIsland(t, "a")
+	ctx := context.Background()
+	gone := wire.TCRMRegisterRequest{BackendHash: "gone", Endpoint: "http://" + testutil.FreeAddr(t)}
+	added, err := a.client().RMRegister(ctx, gone, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 5*time.Second, "the next second", func() bool { return time.Now().Unix() > added.UpdatedAtUnix })
+	removed, err := a.client().RMRegister(ctx, gone, true)
+	if err != nil || removed.UpdatedAtUnix <= added.UpdatedAtUnix {
+		t.Fatalf("unregister: %+v %v", removed, err)
+	}
+	list, err := a.client().RMList(ctx)
+	if err != nil || list.UpdatedAtUnix < removed.UpdatedAtUnix {
+		t.Fatalf("list after the unregister at %d: %+v %v", removed.UpdatedAtUnix, list, err)
+	}
+}
