@@ -70,6 +70,27 @@ func TestBundlesRoundTripAndCarryIdentities(t *testing.T) {
 	}
 }
 
+// A certificate ends no later than its CA, whatever validity it asks for,
+// and names each of its hosts once.
+func TestIssuedCertificatesEndWithTheirCA(t *testing.T) {
+	ca, err := NewCA(IssueOptions{Name: "short CA", Validity: 30 * 24 * time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := mustIssue(t, ca, RoleServer, IssueOptions{Name: "node1", Validity: 365 * 24 * time.Hour,
+		Hosts: []string{"127.0.0.1", "node1", "127.0.0.1", "node1", "::1"}})
+	if srv.Cert.NotAfter.After(ca.Cert.NotAfter) {
+		t.Errorf("server certificate ends %v, after its CA (%v)", srv.Cert.NotAfter, ca.Cert.NotAfter)
+	}
+	if len(srv.Cert.IPAddresses) != 2 || len(srv.Cert.DNSNames) != 1 {
+		t.Errorf("hosts %v %v, want each once", srv.Cert.IPAddresses, srv.Cert.DNSNames)
+	}
+	cl := mustIssue(t, ca, RoleClient, IssueOptions{Name: "app", NotBefore: time.Now(), Validity: 365 * 24 * time.Hour})
+	if !cl.Cert.NotAfter.Equal(ca.Cert.NotAfter) {
+		t.Errorf("client certificate ends %v, want its CA's end %v", cl.Cert.NotAfter, ca.Cert.NotAfter)
+	}
+}
+
 func TestParsePerm(t *testing.T) {
 	for in, want := range map[string]Perm{
 		"orders":                         {Namespace: "orders", Write: true},

@@ -289,6 +289,9 @@ func (ca *Bundle) Issue(role Role, o IssueOptions) (*Bundle, error) {
 	if !o.NotBefore.IsZero() {
 		notBefore, notAfter = o.NotBefore, o.NotBefore.Add(o.Validity)
 	}
+	// A certificate is of no use past its CA's expiry: it ends with it,
+	// so that its own expiry is the one a caller is told of.
+	notAfter = minTime(notAfter, ca.Cert.NotAfter)
 	tmpl := &x509.Certificate{SerialNumber: sn, Subject: pkix.Name{CommonName: o.Name},
 		NotBefore: notBefore, NotAfter: notAfter,
 		KeyUsage: x509.KeyUsageDigitalSignature, BasicConstraintsValid: true,
@@ -300,8 +303,10 @@ func (ca *Bundle) Issue(role Role, o IssueOptions) (*Bundle, error) {
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
 		for _, h := range o.Hosts {
 			if ip := net.ParseIP(h); ip != nil {
-				tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
-			} else if h != "" {
+				if !slices.ContainsFunc(tmpl.IPAddresses, ip.Equal) {
+					tmpl.IPAddresses = append(tmpl.IPAddresses, ip)
+				}
+			} else if h != "" && !slices.Contains(tmpl.DNSNames, h) {
 				tmpl.DNSNames = append(tmpl.DNSNames, h)
 			}
 		}
@@ -326,4 +331,11 @@ func (ca *Bundle) Issue(role Role, o IssueOptions) (*Bundle, error) {
 		return nil, fmt.Errorf("auth: %w", err)
 	}
 	return b, nil
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
