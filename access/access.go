@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"math/big"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -135,6 +136,10 @@ func (l *Lists) Trust(ctx context.Context, name string, pemData []byte) (*fsm.Au
 	ca, err := ParseCA(pemData)
 	if err != nil {
 		return nil, err
+	}
+	if now := time.Now(); now.After(ca.NotAfter) {
+		return nil, errcode.InvalidCertificate.With("the CA %q expired on %s", ca.Subject.CommonName,
+			ca.NotAfter.UTC().Format(time.RFC3339))
 	}
 	if name == "" {
 		name = ca.Subject.CommonName

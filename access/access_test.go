@@ -3,8 +3,14 @@ package access_test
 import (
 	"bytes"
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"math/big"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -170,6 +176,9 @@ func TestListsThroughTheStateMachine(t *testing.T) {
 	if _, err := l.Trust(ctx, "x", []byte("junk")); !errors.Is(err, errcode.InvalidCertificate) {
 		t.Fatalf("trust junk: %v", err)
 	}
+	if _, err := l.Trust(ctx, "old", expiredCA(t)); !errors.Is(err, errcode.InvalidCertificate) {
+		t.Fatalf("trust an expired CA: %v", err)
+	}
 	if _, err := l.Untrust(ctx, "abc"); !errors.Is(err, errcode.InvalidParams) {
 		t.Fatalf("untrust a bad fingerprint: %v", err)
 	}
@@ -204,4 +213,21 @@ func TestListsThroughTheStateMachine(t *testing.T) {
 	if _, trusted, _ = l.AccessLists(); len(trusted) != 0 {
 		t.Fatal("the CA is still trusted")
 	}
+}
+
+// expiredCA is the PEM of a CA whose validity ended yesterday.
+func expiredCA(t *testing.T) []byte {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "old CA"},
+		NotBefore: time.Now().Add(-48 * time.Hour), NotAfter: time.Now().Add(-24 * time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})
 }
