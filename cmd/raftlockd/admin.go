@@ -2,12 +2,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
@@ -119,7 +121,18 @@ key's next token is above any token issued before the restore.`,
 				return err
 			}
 			p := newProgress(cmd.ErrOrStderr(), "sent")
-			out, err := c.RestoreSnapshot(ctx, f, st.Size(), p.update)
+			var sent atomic.Int64
+			out, err := c.RestoreSnapshot(ctx, f, st.Size(), func(done, total int64) {
+				sent.Store(max(sent.Load(), done))
+				p.update(done, total)
+			})
+			var answered *client.Error
+			if err != nil && sent.Load() > 0 && !errors.As(err, &answered) {
+				// The server had the file, or part of it, and said nothing.
+				return fmt.Errorf("%w\nthe connection ended after %s of %s were sent, before any answer: the "+
+					"restore may or may not have happened; run it again to be sure (a restore of the same file "+
+					"gives the same state)", err, humanBytes(sent.Load()), humanBytes(st.Size()))
+			}
 			if err != nil {
 				return err
 			}

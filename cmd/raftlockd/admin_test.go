@@ -3,6 +3,9 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -240,5 +243,32 @@ func TestLastContactText(t *testing.T) {
 		if got := lastContact(c.state, c.ms); got != c.want {
 			t.Errorf("lastContact(%s, %d) = %q, want %q", c.state, c.ms, got, c.want)
 		}
+	}
+}
+
+// A restore whose connection ends after the upload, before any answer,
+// says that its outcome is unknown and how to settle it, rather than only
+// the transport's error.
+func TestCLIRestoreCutOffBeforeTheAnswer(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", testutil.FreeAddr(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if conn, _, err := http.NewResponseController(w).Hijack(); err == nil {
+			conn.Close() // the leader died before answering
+		}
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Close() })
+	file := filepath.Join(t.TempDir(), "backup.db")
+	if err := os.WriteFile(file, bytes.Repeat([]byte("x"), 64<<10), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res := cli(t, []string{"RAFTLOCKD_CLIENT_SERVER=http://" + ln.Addr().String()}, "", "snapshot", "restore", file)
+	if res.code == 0 || !strings.Contains(res.stderr, "may or may not have happened") || !strings.Contains(res.stderr, "64.0 KiB of 64.0 KiB") {
+		t.Fatalf("restore cut off before the answer: exit %d, stderr %q", res.code, res.stderr)
 	}
 }
