@@ -66,11 +66,11 @@ func (l *Lists) AccessLists() (revoked []string, trusted [][]byte, err error) {
 
 // NormalizeSerial reads a certificate serial written in hex, with or
 // without colons, a 0x prefix or leading zeros, as auth.Identity spells it.
-func NormalizeSerial(s string) (string, error) {
-	s = strings.TrimPrefix(strings.ToLower(strings.ReplaceAll(strings.TrimSpace(s), ":", "")), "0x")
+func NormalizeSerial(given string) (string, error) {
+	s := strings.TrimPrefix(strings.ToLower(strings.ReplaceAll(strings.TrimSpace(given), ":", "")), "0x")
 	n, ok := new(big.Int).SetString(s, 16)
-	if !ok || s == "" || n.Sign() < 0 || len(s) > 64 {
-		return "", errcode.InvalidParams.With("serial %q is not a hexadecimal certificate serial", s)
+	if !ok || s == "" || strings.Trim(s, "0123456789abcdef") != "" || len(s) > 64 {
+		return "", errcode.InvalidParams.With("serial %q is not a hexadecimal certificate serial", given)
 	}
 	return n.Text(16), nil
 }

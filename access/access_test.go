@@ -41,7 +41,7 @@ func TestNormalizeSerial(t *testing.T) {
 			t.Errorf("NormalizeSerial(%q) = %q, %v; want %q", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"", "   ", "0x", ":", "xyz", "12g4", "-1f", "1f 2e", strings.Repeat("f", 65)} {
+	for _, bad := range []string{"", "   ", "0x", ":", "xyz", "12g4", "-1f", "+1f", "1f 2e", strings.Repeat("f", 65)} {
 		if got, err := access.NormalizeSerial(bad); !errors.Is(err, errcode.InvalidParams) {
 			t.Errorf("NormalizeSerial(%q) = %q, %v; want %s", bad, got, err, errcode.InvalidParams.Code)
 		}
