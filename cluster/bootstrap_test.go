@@ -222,7 +222,15 @@ func TestWholeClusterRestartDoesNotBootstrapAgain(t *testing.T) {
 // addresses (containers recreated on a new network) elects a leader and
 // keeps its data: Raft dials each server where it now announces itself,
 // not where the configuration last recorded it.
+//
+// Raft itself reads a follower's configuration entry unlocked while it
+// replicates to it (hashicorp/raft issue 681), and a new address for a
+// server rewrites that entry, which -race reports; .ci/run runs this test
+// without it.
 func TestWholeClusterRestartOnNewAddresses(t *testing.T) {
+	if raceEnabled {
+		t.Skip("skipped under -race: raft updates a moved server's address while replicating to it; .ci/run runs this test without -race")
+	}
 	cfgs := sameFlags(t, []string{"n1", "n2", "n3"}, 3)
 	nodes := openAll(t, cfgs)
 	leader := leaderWithin(t, nodes)
