@@ -291,7 +291,7 @@ func TestBlockSecondsAgainstTheServerLimit(t *testing.T) {
 // happen is a 409, never released: true.
 func TestReleaseAnswers(t *testing.T) {
 	e := newEnv(t)
-	// Nothing known (never there, or forgotten after --txn-retention).
+	// Nothing known (never there, or forgotten after --tc-decision-retention).
 	r := e.post("/v1/release", nil, wire.ReleaseRequest{Key: "gone", LeaseID: xid.New().String(), TxnID: xid.New().String()})
 	if r.status != http.StatusOK || !strings.Contains(string(r.body), `"released":true`) {
 		t.Fatalf("release of an unknown lease: %d %s", r.status, r.body)
