@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 
@@ -21,7 +22,7 @@ const queueEnv = "RAFTLOCKD_QUEUE_"
 // them; ack and nack unset them.
 var deliveryVars = []string{"NAMESPACE", "NAME", "MESSAGE_ID", "LEASE", "FENCING_TOKEN", "TXN_ID", "ATTEMPTS",
 	"FAILURE_ATTEMPTS", "MAX_ATTEMPTS", "LEASE_EXPIRES_AT", "CONTENT_TYPE", "PAYLOAD_BYTES", "PAYLOAD_FILE",
-	"STATE_KEY", "STATE_LEASE", "STATE_TXN_ID", "STATE_FENCING_TOKEN", "STATE_FILE"}
+	"STATE_KEY", "STATE_LEASE", "STATE_TXN_ID", "STATE_FENCING_TOKEN", "STATE_FILE", "TEMP_FILES"}
 
 func newQueueCmd(opts *clientOpts) *cobra.Command {
 	cmd := &cobra.Command{Use: "queue", Short: "Enqueue, dequeue, ack, nack and extend queue messages"}
@@ -83,7 +84,15 @@ func printExports(w io.Writer, prefix string, kvs [][2]string) {
 	}
 }
 
-func printUnset(w io.Writer) {
+// end prints the unset line for the delivery variables and, when
+// they name the delivery d that ended, removes the temporary files dequeue
+// wrote for it (RAFTLOCKD_QUEUE_TEMP_FILES; never a --payload-file).
+func (d *deliveryFlags) end(w io.Writer) {
+	if os.Getenv(queueEnv+"MESSAGE_ID") == d.id && os.Getenv(queueEnv+"LEASE") == d.lease {
+		for _, p := range filepath.SplitList(os.Getenv(queueEnv + "TEMP_FILES")) {
+			_ = os.Remove(p)
+		}
+	}
 	names := make([]string, len(deliveryVars))
 	for i, n := range deliveryVars {
 		names[i] = queueEnv + n
@@ -168,7 +177,8 @@ func newDequeueCmd(opts *clientOpts) *cobra.Command {
 works from the environment: RAFTLOCKD_QUEUE_NAMESPACE, _NAME, _MESSAGE_ID,
 _LEASE, _FENCING_TOKEN and _TXN_ID name the delivery; the payload is
 written to a file (a new temporary file unless --payload-file is given)
-named by RAFTLOCKD_QUEUE_PAYLOAD_FILE. With --with-state the message's state
+named by RAFTLOCKD_QUEUE_PAYLOAD_FILE. ack and nack remove the temporary
+files dequeue wrote (RAFTLOCKD_QUEUE_TEMP_FILES). With --with-state the message's state
 sidecar is leased too: RAFTLOCKD_QUEUE_STATE_KEY, _STATE_LEASE,
 _STATE_TXN_ID and _STATE_FENCING_TOKEN name it for 'client update', and its
 committed document is written to RAFTLOCKD_QUEUE_STATE_FILE (empty when it
@@ -204,6 +214,10 @@ When no message comes within --wait the command fails with "waiting".`,
 			if err != nil {
 				return fmt.Errorf("writing the payload (the message stays leased until its lease runs out): %w", err)
 			}
+			var temp []string // removed by ack and nack
+			if payloadFile == "" {
+				temp = append(temp, path)
+			}
 			m := d.Message
 			kvs := [][2]string{{"NAMESPACE", m.Namespace}, {"NAME", m.Queue}, {"MESSAGE_ID", m.MessageID},
 				{"LEASE", m.LeaseID}, {"FENCING_TOKEN", strconv.FormatInt(m.FencingToken, 10)}, {"TXN_ID", m.TxnID},
@@ -223,7 +237,9 @@ When no message comes within --wait the command fails with "waiting".`,
 				kvs = append(kvs, [2]string{"STATE_KEY", ref.Key}, [2]string{"STATE_LEASE", ref.LeaseID},
 					[2]string{"STATE_TXN_ID", ref.TxnID}, [2]string{"STATE_FENCING_TOKEN", strconv.FormatInt(ref.FencingToken, 10)},
 					[2]string{"STATE_FILE", statePath})
+				temp = append(temp, statePath)
 			}
+			kvs = append(kvs, [2]string{"TEMP_FILES", strings.Join(temp, string(os.PathListSeparator))})
 			printExports(cmd.OutOrStdout(), queueEnv, kvs)
 			return nil
 		},
@@ -282,7 +298,7 @@ delivery variables, so that eval "$(raftlockd client queue ack)" clears them.`,
 			if _, err := c.Ack(ctx, d.ack(opts.namespace)); err != nil {
 				return err
 			}
-			printUnset(cmd.OutOrStdout())
+			d.end(cmd.OutOrStdout())
 			return nil
 		},
 	}
@@ -332,7 +348,7 @@ back without counting. Prints an unset line for the delivery variables.`,
 			if out.DeadLetterQueue != "" {
 				fmt.Fprintf(cmd.ErrOrStderr(), "message moved to %s\n", out.DeadLetterQueue)
 			}
-			printUnset(cmd.OutOrStdout())
+			d.end(cmd.OutOrStdout())
 			return nil
 		},
 	}

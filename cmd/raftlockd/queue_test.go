@@ -61,13 +61,15 @@ eval "$(raftlockd client release)"
 eval "$(raftlockd client queue dequeue --queue tx --wait -1)"
 echo "COMMITTED=$(cat "$RAFTLOCKD_QUEUE_PAYLOAD_FILE")"
 eval "$(raftlockd client queue ack)"
+# ack and nack removed the files dequeue wrote, but not a --payload-file.
+echo "LEFT=$(ls "$TMPDIR" | grep -c '^raftlockd-') KEPT=$(cat "$TMPDIR/out")"
 `)
 	v := parseLines(out)
 	for name, want := range map[string]string{"PAYLOAD": "hello queue", "NAMESPACE": "default", "NAME": "jobs",
 		"FENCING_TOKEN": "1", "ATTEMPTS": "1", "CONTENT_TYPE": "text/plain", "PAYLOAD_BYTES": "11",
 		"CLEARED": "none/none", "AGAIN": "second ATTEMPTS=2 FAILURES=0", "FAILED_ONCE": "1",
 		"STATE_BEFORE": "", "STATE_AFTER": `{"step":1}`,
-		"BEFORE_COMMIT": "waiting", "COMMITTED": "staged"} {
+		"BEFORE_COMMIT": "waiting", "COMMITTED": "staged", "LEFT": "0 KEPT=second"} {
 		if v[name] != want {
 			t.Errorf("%s = %q, want %q (output:\n%s)", name, v[name], want, out)
 		}
