@@ -107,14 +107,16 @@ type call struct {
 
 // retryable reports whether a failed attempt may be resent: always when the
 // request never reached a leader, and after ambiguous failures only when the
-// call is idempotent.
+// call is idempotent. A node that shuts down answers the requests it still
+// serves with shutdown_draining, those it was forwarding to the leader
+// included, which the leader may have applied: that answer is ambiguous.
 func retryable(err error, idempotent bool) bool {
 	var e *Error
 	if errors.As(err, &e) {
 		switch e.Envelope.Code {
-		case errcode.NoLeader.Code, errcode.NotLeader.Code, errcode.ShuttingDown.Code:
+		case errcode.NoLeader.Code, errcode.NotLeader.Code:
 			return true
-		case errcode.Unavailable.Code:
+		case errcode.Unavailable.Code, errcode.ShuttingDown.Code:
 			return idempotent
 		}
 		return false

@@ -1,0 +1,54 @@
+package client_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/raftlockd/raftlockd/internal/testcluster"
+	"github.com/raftlockd/raftlockd/internal/testutil"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// A node that shuts down while it forwards an enqueue to the leader answers
+// shutdown_draining although the leader may have applied the enqueue: a
+// call without an idempotency key is not sent again, or the message would
+// be enqueued twice once the node (or another behind the same address)
+// answers the retry.
+func TestEnqueueCutShortByAShutdownIsNotRepeated(t *testing.T) {
+	c := testcluster.Start(t, 3)
+	leader := c.WaitLeader(10 * time.Second)
+	f := (leader + 1) % 3
+	// Forwarding takes a while, so that the follower can be stopped after
+	// the leader applied the enqueue and before its answer arrives.
+	c.Fabric.Delay(c.Nodes[leader].Name, c.Nodes[f].Name, 500*time.Millisecond)
+	producer := c.RetryingClient(f)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := producer.EnqueueWithKey(ctx, wire.EnqueueRequest{Queue: "once"}, []byte("m"), "")
+		errc <- err
+	}()
+	watcher := c.Client(leader)
+	ready := func() int {
+		st, err := watcher.QueueStats(ctx, "", "once", true)
+		if err != nil {
+			return -1
+		}
+		return st.Ready
+	}
+	testutil.WaitFor(t, 10*time.Second, "the leader to apply the enqueue", func() bool { return ready() == 1 })
+	c.Stop(f)
+	c.Fabric.Heal()
+	c.Start(f)
+	select {
+	case err := <-errc:
+		t.Logf("enqueue answered %v", err)
+	case <-ctx.Done():
+		t.Fatal("the enqueue never returned")
+	}
+	if n := ready(); n != 1 {
+		t.Fatalf("the queue holds %d messages after one enqueue, want 1", n)
+	}
+}
