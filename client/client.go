@@ -44,13 +44,21 @@ type Option func(*Client)
 func WithHTTPClient(h *http.Client) Option { return func(c *Client) { c.http = h } }
 
 // WithTLS dials the server with cfg (for mTLS: the client certificate to
-// present and the CA to check the server against).
+// present and the CA to check the server against). After WithHTTPClient it
+// applies to a copy of that client's *http.Transport, or of Go's default
+// transport when the client names none.
 func WithTLS(cfg *tls.Config) Option {
 	return func(c *Client) {
-		if t, ok := c.http.Transport.(*http.Transport); ok {
+		rt := c.http.Transport
+		if rt == nil {
+			rt = http.DefaultTransport
+		}
+		if t, ok := rt.(*http.Transport); ok {
 			t = t.Clone()
 			t.TLSClientConfig = cfg
-			c.http = &http.Client{Transport: t, Timeout: c.http.Timeout}
+			h := *c.http
+			h.Transport = t
+			c.http = &h
 		}
 	}
 }
