@@ -290,10 +290,15 @@ func (r LeaseRef) header() http.Header {
 	return h
 }
 
-// KeepAlive extends a lease (ttl 0: by its original TTL).
+// KeepAlive extends a lease by ttl, rounded up to whole seconds (ttl 0: by
+// its original TTL).
 func (c *Client) KeepAlive(ctx context.Context, r LeaseRef, ttl time.Duration) (*wire.KeepAliveResponse, error) {
+	secs := int64(ttl / time.Second) // a negative ttl asks for the server's default
+	if ttl > 0 {
+		secs = seconds(ttl)
+	}
 	body, _ := json.Marshal(wire.KeepAliveRequest{Namespace: c.ns(r.Namespace), Key: r.Key, LeaseID: r.LeaseID,
-		TxnID: r.TxnID, TTLSeconds: int64(ttl / time.Second)})
+		TxnID: r.TxnID, TTLSeconds: secs})
 	var out wire.KeepAliveResponse
 	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/keepalive", header: r.header(), body: body, idempotent: true}, &out)
 	return &out, err

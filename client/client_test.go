@@ -8,6 +8,7 @@ import (
 
 	"github.com/raftlockd/raftlockd/client"
 	"github.com/raftlockd/raftlockd/internal/testutil"
+	"github.com/raftlockd/raftlockd/wire"
 )
 
 // A bundle given after an HTTP client that leaves its Transport to Go's
@@ -23,5 +24,26 @@ func TestBundleAppliesToAnHTTPClientWithTheDefaultTransport(t *testing.T) {
 	defer cancel()
 	if _, err := c.Describe(ctx, "", "k"); err != nil {
 		t.Fatalf("describe with the bundle: %v", err)
+	}
+}
+
+// A keepalive of less than a second extends the lease by a second, not by
+// the lease's own (here much longer) TTL, which is what a ttl of 0 asks for.
+func TestKeepAliveOfLessThanASecondExtendsByASecond(t *testing.T) {
+	srv := testutil.StartServer(t, testutil.Config(t, t.TempDir()))
+	c := testutil.Client(t, srv.URL(), client.WithRetry(0))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	l, err := c.Acquire(ctx, wire.AcquireRequest{Key: "k", Owner: "o", TTLSeconds: 600})
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := time.Now().Unix()
+	out, err := l.KeepAlive(ctx, 500*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if late := out.ExpiresAt - before; late > 2 {
+		t.Fatalf("a keepalive of 500ms made the lease expire %ds from now, want about 1s", late)
 	}
 }
