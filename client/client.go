@@ -230,7 +230,9 @@ func (c *Client) ns(ns string) string {
 	return ns
 }
 
-// Lease is a held lease. Its fencing token is refreshed from responses.
+// Lease is a held lease: the acquire's answer, with calls that present it.
+// KeepAlive keeps ExpiresAt current; the fencing token does not change
+// while the lease is held.
 type Lease struct {
 	c *Client
 	wire.AcquireResponse
