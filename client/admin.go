@@ -117,11 +117,7 @@ func (c *Client) RestoreSnapshot(ctx context.Context, src io.ReadSeeker, size in
 		if !retryable(err, false) || time.Now().Add(backoff).After(deadline) {
 			return nil, err
 		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if err := pause(ctx, backoff, err); err != nil {
 			return nil, err
 		}
 		backoff = min(backoff*2, time.Second)

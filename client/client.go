@@ -147,14 +147,23 @@ func (c *Client) do(ctx context.Context, cl call) (*http.Response, error) {
 		if !retryable(err, cl.idempotent) || time.Now().Add(backoff).After(deadline) {
 			return nil, err
 		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-t.C:
-		case <-ctx.Done():
-			t.Stop()
+		if err := pause(ctx, backoff, err); err != nil {
 			return nil, err
 		}
 		backoff = min(backoff*2, time.Second)
+	}
+}
+
+// pause waits d before the next attempt; when ctx ends first it returns
+// that, with last, the failure of the attempt before.
+func pause(ctx context.Context, d time.Duration, last error) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("client: %w while waiting to retry after: %w", ctx.Err(), last)
 	}
 }
 

@@ -2,9 +2,14 @@ package client_test
 
 import (
 	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 	"time"
 
+	"github.com/raftlockd/raftlockd/client"
+	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/internal/testcluster"
 	"github.com/raftlockd/raftlockd/internal/testutil"
 	"github.com/raftlockd/raftlockd/wire"
@@ -50,5 +55,26 @@ func TestEnqueueCutShortByAShutdownIsNotRepeated(t *testing.T) {
 	}
 	if n := ready(); n != 1 {
 		t.Fatalf("the queue holds %d messages after one enqueue, want 1", n)
+	}
+}
+
+// A call whose context ends while it waits to retry reports the context's
+// end, and still the last answer it had.
+func TestACallCancelledBetweenRetriesSaysSo(t *testing.T) {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = w.Write([]byte(`{"error":"no_leader","detail":"no leader yet","retry_after_seconds":1}`))
+	}))
+	t.Cleanup(ts.Close)
+	c, err := client.New(ts.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 250*time.Millisecond)
+	defer cancel()
+	_, err = c.Describe(ctx, "default", "k")
+	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, errcode.NoLeader) {
+		t.Fatalf("a call whose deadline passed between retries: %v; want the deadline and the last answer", err)
 	}
 }
