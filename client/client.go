@@ -157,13 +157,25 @@ func (c *Client) do(ctx context.Context, cl call) (*http.Response, error) {
 // pause waits d before the next attempt; when ctx ends first it returns
 // that, with last, the failure of the attempt before.
 func pause(ctx context.Context, d time.Duration, last error) error {
+	if err := sleep(ctx, d); err != nil {
+		return fmt.Errorf("client: %w while waiting to retry after: %w", err, last)
+	}
+	return nil
+}
+
+// sleep waits d (nothing when d is not positive), or until ctx ends: then
+// it returns why.
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return nil
+	}
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-t.C:
 		return nil
 	case <-ctx.Done():
-		return fmt.Errorf("client: %w while waiting to retry after: %w", ctx.Err(), last)
+		return ctx.Err()
 	}
 }
 

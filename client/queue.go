@@ -332,18 +332,7 @@ func (c *Client) subscribe(ctx context.Context, path string, req wire.DequeueReq
 // 100 ms per round, so a server that keeps answering at once (or cutting
 // the stream) is not asked in a tight loop.
 func pace(ctx context.Context, started time.Time) error {
-	pause := 100*time.Millisecond - time.Since(started)
-	if pause <= 0 {
-		return nil
-	}
-	t := time.NewTimer(pause)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return sleep(ctx, 100*time.Millisecond-time.Since(started))
 }
 
 // streamError is a failure to read a subscription's stream.
