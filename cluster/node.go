@@ -162,7 +162,7 @@ type Node struct {
 // Open starts the node: it opens the state file, the Raft log and snapshot
 // store, binds the transport, bootstraps a new single-voter cluster when
 // asked to and none exists, and starts Raft.
-func Open(cfg Config) (n *Node, err error) {
+func Open(cfg Config) (_ *Node, err error) {
 	cfg.defaults()
 	if cfg.NodeID == "" {
 		return nil, errors.New("cluster: node id required")
@@ -171,7 +171,9 @@ func Open(cfg Config) (n *Node, err error) {
 	if err := os.MkdirAll(raftDir, 0o700); err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
-	n = &Node{cfg: cfg, leaderCh: make(chan struct{}), notify: make(chan bool, 8),
+	// n is not the result: the closers below use it after a failed Open
+	// has answered nil.
+	n := &Node{cfg: cfg, leaderCh: make(chan struct{}), notify: make(chan bool, 8),
 		observeCh: make(chan raft.Observation, 64), done: make(chan struct{})}
 	n.life, n.endLife = context.WithCancel(context.Background())
 	closers := []io.Closer{closerFunc(func() error { n.endLife(); return nil })}

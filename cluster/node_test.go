@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -401,4 +402,41 @@ func TestStartRemovesFilesOfARestoreCutShort(t *testing.T) {
 	if _, err := os.Stat(other); err != nil {
 		t.Errorf("a file the node does not own was touched: %v", err)
 	}
+}
+
+// A node that cannot start (its Raft port taken, its data directory in
+// use, its gossip port taken, settings Raft refuses) answers an error and
+// releases what it had opened; it does not panic.
+func TestOpenThatFailsAnswersAnError(t *testing.T) {
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	held := open(t, testConfig(t.TempDir(), "boot-a"))
+	defer held.Close()
+	gossip := gossipConfig(t, "g1", 1, nil)
+	gossipTaken, err := net.Listen("tcp", gossip.Gossip.Bind)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gossipTaken.Close()
+	for name, cfg := range map[string]Config{
+		"raft port taken":   func() Config { c := testConfig(t.TempDir(), "boot-a"); c.RaftBind = taken.Addr().String(); return c }(),
+		"data dir in use":   testConfig(held.cfg.DataDir, "boot-a"),
+		"gossip port taken": gossip,
+		"heartbeat too low": func() Config { c := testConfig(t.TempDir(), "boot-a"); c.HeartbeatTimeout = time.Millisecond; return c }(),
+	} {
+		t.Run(name, func(t *testing.T) {
+			n, err := Open(cfg)
+			if err == nil {
+				n.Close()
+				t.Fatal("opened")
+			}
+		})
+	}
+	// What the failed opens had taken is free again.
+	again := testConfig(t.TempDir(), "boot-a")
+	again.RaftBind = gossip.RaftBind
+	open(t, again).Close()
 }
