@@ -212,6 +212,15 @@ func (s *Server) Validate() error {
 		errs = append(errs, fmt.Errorf("need utxo-batch-size >= 1, max-utxo-request-bytes > 0 and max-entry-bytes >= %d (%d bytes per output of a batch plus 1 KiB)",
 			wire.UTXORecordBytes(max(s.UTXOBatchSize, 1)), wire.UTXOOutputBytes))
 	}
+	// Raft's leader lease is half the heartbeat timeout and, like the
+	// snapshot interval, at least 5ms.
+	if s.HeartbeatTimeout < 10*time.Millisecond || s.ElectionTimeout < s.HeartbeatTimeout {
+		errs = append(errs, fmt.Errorf("need raft-heartbeat-timeout (%s) >= 10ms and raft-election-timeout (%s) >= raft-heartbeat-timeout",
+			s.HeartbeatTimeout, s.ElectionTimeout))
+	}
+	if s.SnapshotThreshold < 1 || s.TrailingLogs < 1 || s.SnapshotInterval < 5*time.Millisecond {
+		errs = append(errs, errors.New("need snapshot-threshold >= 1, snapshot-trailing-logs >= 1 and snapshot-interval >= 5ms"))
+	}
 	if s.LeaderWait <= 0 {
 		errs = append(errs, errors.New("leader-wait must be positive"))
 	}

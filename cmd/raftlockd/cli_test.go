@@ -975,3 +975,30 @@ func TestServerDefaults(t *testing.T) {
 	mustCLI(t, append(envList(lease), env...), "", "client", "release", "--rollback")
 	srv.stop()
 }
+
+// TestServerRefusesSettingsItCannotRun starts `raftlockd server` with
+// settings that cannot work: each is refused at start, naming its flag,
+// rather than replaced by a default or passed to Raft to be refused in
+// Raft's own terms.
+func TestServerRefusesSettingsItCannotRun(t *testing.T) {
+	for _, c := range []struct{ flag, value string }{
+		{"raft-heartbeat-timeout", "0s"},
+		{"raft-heartbeat-timeout", "-1s"},
+		{"raft-heartbeat-timeout", "9ms"},
+		{"raft-election-timeout", "0s"},
+		{"raft-election-timeout", "100ms"},
+		{"snapshot-interval", "0s"},
+		{"snapshot-interval", "-1s"},
+		{"snapshot-threshold", "0"},
+		{"snapshot-trailing-logs", "0"},
+	} {
+		t.Run(c.flag+"="+c.value, func(t *testing.T) {
+			dir := t.TempDir()
+			args := append(serverFlags(dir, testutil.FreeAddr(t), testutil.FreeAddr(t)), "--disable-mtls", "--"+c.flag+"="+c.value)
+			res := cli(t, nil, "", append([]string{"server"}, args...)...)
+			if res.code != 1 || !strings.Contains(res.stderr, c.flag) || strings.Contains(res.stderr, "panic") {
+				t.Fatalf("exit %d, want 1 and an error naming %s:\n%s", res.code, c.flag, res.stderr)
+			}
+		})
+	}
+}
