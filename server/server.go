@@ -111,6 +111,13 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
+	// Peers call the advertised endpoint and compare it with the ones
+	// operators name: it is published in the form they use.
+	if cfg.APIAdvertise != "" {
+		if cfg.APIAdvertise, err = cluster.NormalizeEndpoint(cfg.APIAdvertise); err != nil {
+			return nil, fmt.Errorf("api-advertise: %w", err)
+		}
+	}
 	if log == nil {
 		log = slog.Default()
 	}

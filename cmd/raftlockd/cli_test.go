@@ -978,8 +978,8 @@ func TestServerDefaults(t *testing.T) {
 
 // TestServerRefusesSettingsItCannotRun starts `raftlockd server` with
 // settings that cannot work: each is refused at start, naming its flag,
-// rather than replaced by a default or passed to Raft to be refused in
-// Raft's own terms.
+// rather than replaced by a default, passed to Raft to be refused in
+// Raft's own terms, or published to the cluster's peers.
 func TestServerRefusesSettingsItCannotRun(t *testing.T) {
 	for _, c := range []struct{ flag, value string }{
 		{"raft-heartbeat-timeout", "0s"},
@@ -991,6 +991,9 @@ func TestServerRefusesSettingsItCannotRun(t *testing.T) {
 		{"snapshot-interval", "-1s"},
 		{"snapshot-threshold", "0"},
 		{"snapshot-trailing-logs", "0"},
+		{"api-advertise", "127.0.0.1:9341"},
+		{"api-advertise", "https://node1:9341/api"},
+		{"api-advertise", "https://node1:99999"},
 	} {
 		t.Run(c.flag+"="+c.value, func(t *testing.T) {
 			dir := t.TempDir()
