@@ -130,9 +130,12 @@ transactions (the servers keep them 10 blocks and prune every 100 ms).`,
 		"(<dir>/<workload>-<clients>.pprof) and what it reported of Raft (<workload>-<clients>.txt) to this directory; "+
 		"the servers serve the profiler")
 	f.StringVar(&bf.goalsOut, "goals-out", "", "with --peer etcd: write one line per missed goal (profile name, tab, goal) to this file")
-	bindEnv(cmd, "RAFTLOCKD_BENCH_")
+	bindEnv(cmd, benchEnv)
 	return cmd
 }
+
+// benchEnv is the prefix of the variables of `raftlockd bench`.
+const benchEnv = "RAFTLOCKD_BENCH_"
 
 // defaultRuns are the rows measured when none are asked for.
 const defaultRuns = "lock=1,64 handoff=8"

@@ -1005,3 +1005,23 @@ func TestServerRefusesSettingsItCannotRun(t *testing.T) {
 		})
 	}
 }
+
+// A RAFTLOCKD_ variable that names no flag of `raftlockd server` (a typo in
+// an environment file) is named in a warning at start; the variables of the
+// client, queue, health and bench commands are not.
+func TestServerWarnsOfUnknownVariables(t *testing.T) {
+	dir, listen := t.TempDir(), testutil.FreeAddr(t)
+	env := []string{"RAFTLOCKD_BOOTSTRAP_EXPECTED=3", "RAFTLOCKD_CLIENT_SERVER=" + listen, "RAFTLOCKD_HEALTH_LIVE=true",
+		"RAFTLOCKD_QUEUE_NAME=jobs", "RAFTLOCKD_BENCH_RUNS=lock=1", "RAFTLOCKD_LOG_LEVEL=info"}
+	p := startServer(t, dir, listen, append(serverFlags(dir, listen, testutil.FreeAddr(t)), "--disable-mtls"), env)
+	p.stop()
+	var warned []string
+	for _, line := range strings.Split(p.log.String(), "\n") {
+		if strings.Contains(line, "level=WARN") && strings.Contains(line, "RAFTLOCKD_") {
+			warned = append(warned, line)
+		}
+	}
+	if len(warned) != 1 || !strings.Contains(warned[0], "RAFTLOCKD_BOOTSTRAP_EXPECTED") || strings.Count(warned[0], "RAFTLOCKD_") != 1 {
+		t.Fatalf("warnings naming variables: %q, want one naming RAFTLOCKD_BOOTSTRAP_EXPECTED only", warned)
+	}
+}

@@ -6,10 +6,13 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 	"syscall"
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/raftlockd/raftlockd/config"
 	"github.com/raftlockd/raftlockd/server"
@@ -39,6 +42,9 @@ restart. --disable-mtls serves plain HTTP to anyone (development only).`,
 			log, err := newLogger(cfg.LogLevel, logFormat)
 			if err != nil {
 				return err
+			}
+			if unknown := unknownEnv(cmd.Flags(), serverEnv, clientEnv, queueEnv, healthEnv, benchEnv); len(unknown) > 0 {
+				log.Warn("ignoring environment variables that name no flag of raftlockd server", "variables", strings.Join(unknown, ","))
 			}
 			// Signals are taken before the node starts: one that arrives
 			// while it starts is handled once it serves.
@@ -126,8 +132,28 @@ restart. --disable-mtls serves plain HTTP to anyone (development only).`,
 	f.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", cfg.SnapshotInterval, "how often to check whether a snapshot is due")
 	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
-	bindEnv(cmd, "RAFTLOCKD_")
+	bindEnv(cmd, serverEnv)
 	return cmd
+}
+
+// serverEnv is the prefix of the variables of `raftlockd server`.
+const serverEnv = "RAFTLOCKD_"
+
+// unknownEnv lists the variables under prefix that stand in for no flag of
+// fs, leaving out those under the prefixes of other commands.
+func unknownEnv(fs *pflag.FlagSet, prefix string, others ...string) []string {
+	known := map[string]bool{}
+	fs.VisitAll(func(f *pflag.Flag) { known[flagEnv(prefix, f)] = true })
+	var unknown []string
+	for _, kv := range os.Environ() {
+		name, _, _ := strings.Cut(kv, "=")
+		if strings.HasPrefix(name, prefix) && !known[name] &&
+			!slices.ContainsFunc(others, func(p string) bool { return strings.HasPrefix(name, p) }) {
+			unknown = append(unknown, name)
+		}
+	}
+	slices.Sort(unknown)
+	return unknown
 }
 
 func newLogger(level, format string) (*slog.Logger, error) {
