@@ -167,7 +167,7 @@ func Open(cfg Config) (_ *Node, err error) {
 	if cfg.NodeID == "" {
 		return nil, errors.New("cluster: node id required")
 	}
-	raftDir := filepath.Join(cfg.DataDir, "raft")
+	raftDir := raftDir(cfg.DataDir)
 	if err := os.MkdirAll(raftDir, 0o700); err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
@@ -204,7 +204,7 @@ func Open(cfg Config) (_ *Node, err error) {
 	}
 	// The freelist is rebuilt on open instead of being rewritten (and
 	// synced) on every append.
-	n.store, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(raftDir, "raft.db"),
+	n.store, err = raftboltdb.New(raftboltdb.Options{Path: raftLog(raftDir),
 		BoltOptions: &bolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType}})
 	if err != nil {
 		return nil, fmt.Errorf("cluster: open raft log: %w", err)
@@ -546,4 +546,15 @@ func (n *Node) stopSpawning() {
 	n.spawnEnd = true
 	n.spawnMu.Unlock()
 	n.endLife()
+}
+
+// raftDir is where a node keeps its Raft log and snapshots, in dataDir.
+func raftDir(dataDir string) string { return filepath.Join(dataDir, "raft") }
+
+func raftLog(raftDir string) string { return filepath.Join(raftDir, "raft.db") }
+
+// HasLog reports whether a node has kept a Raft log in dataDir.
+func HasLog(dataDir string) bool {
+	_, err := os.Stat(raftLog(raftDir(dataDir)))
+	return err == nil
 }

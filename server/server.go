@@ -64,21 +64,29 @@ type Server struct {
 // NodeID returns the configured node id, or the one kept in dataDir,
 // creating it on first use.
 func NodeID(cfg config.Server) (string, error) {
-	if cfg.NodeID != "" {
-		return cfg.NodeID, nil
-	}
 	path := filepath.Join(cfg.DataDir, "node-id")
+	var stored string
 	if raw, err := os.ReadFile(path); err == nil {
-		if id := strings.TrimSpace(string(raw)); id != "" {
-			return id, nil
-		}
+		stored = strings.TrimSpace(string(raw))
 	}
-	id := "node-" + xid.New().String()
+	id := cfg.NodeID
+	switch {
+	case id == "" && stored != "", id != "" && id == stored:
+		return stored, nil
+	case id == "":
+		id = "node-" + xid.New().String()
+	case stored != "" && cluster.HasLog(cfg.DataDir):
+		// Raft knows this server by its old id: under another it would
+		// never be a voter of its cluster.
+		return "", fmt.Errorf("server: the data directory %s belongs to node %q, not %q: start it with --node-id %s, or give %s an empty data directory",
+			cfg.DataDir, stored, id, stored, id)
+	}
 	if err := os.WriteFile(path, []byte(id+"\n"), 0o600); err != nil {
 		return "", fmt.Errorf("server: keep node id: %w", err)
 	}
 	return id, nil
 }
+
 
 // Option adjusts how a node reaches its peers; tests use them to inject
 // network faults.

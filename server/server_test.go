@@ -120,6 +120,30 @@ func TestNodeIDIsKeptInTheDataDir(t *testing.T) {
 	}
 }
 
+// A data directory whose node has kept a Raft log stays that node's: a
+// start under another id is refused (Raft would never count it a voter),
+// and a start without one takes the id it was given before.
+func TestADataDirectoryKeepsItsNode(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testutil.Config(t, dir)
+	cfg.NodeID = "first"
+	srv, err := server.Start(cfg, testutil.Logger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	cfg.NodeID = "second"
+	if _, err := server.Start(cfg, testutil.Logger(t)); err == nil || !strings.Contains(err.Error(), `belongs to node "first"`) {
+		t.Fatalf("a start under another id: %v", err)
+	}
+	cfg.NodeID = ""
+	if id, err := server.NodeID(cfg); err != nil || id != "first" {
+		t.Fatalf("the id of a start without one: %q, %v", id, err)
+	}
+}
+
 // A node started with --disable-mtls says at every start that it serves
 // plain HTTP; a node with its bundle serves HTTPS and says nothing of the
 // kind.
