@@ -113,6 +113,38 @@ func TestWaitingDequeueGetsTheNextMessageInTheSameStep(t *testing.T) {
 	}
 }
 
+func TestDelayedEnqueueIsNotReadyBeforeItsDelay(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	c := enq("q", "late", "x")
+	c.Enqueue.Delay = 2_000
+	if r := h.one(c); r.Err != nil || r.Queue.Message.VisibleAt != h.now+2_000 {
+		t.Fatalf("delayed enqueue: %+v", r)
+	}
+	if st := h.stats("q"); st.Ready != 0 || st.Delayed != 1 {
+		t.Fatalf("stats during the delay: %+v", st)
+	}
+	wantCode(t, h.one(deq("q", "r1", 0)), errcode.QueueEmpty)
+	// A message enqueued later without a delay goes first.
+	h.one(enq("q", "now", "y"))
+	if m := mustDeliver(t, h.one(deq("q", "r2", 0))); m.ID != "now" {
+		t.Fatalf("delivered %s during the delay of another", m.ID)
+	}
+	// A waiting consumer is not handed the message before the delay ends,
+	// and is handed it by the sweep that ends the delay.
+	h.one(deq("q", "w", 5_000))
+	h.now += 1_999
+	h.rec.events = nil
+	h.one(sweep())
+	if e := events(h, EventDelivered)["w"]; e != nil {
+		t.Fatalf("delivered before its delay ended: %+v", e)
+	}
+	h.now++
+	h.one(sweep())
+	if e := events(h, EventDelivered)["w"]; e == nil || e.Message.ID != "late" {
+		t.Fatalf("not delivered when its delay ended: %+v", e)
+	}
+}
+
 func TestNackDelayDeferExpiryAndDeadLetters(t *testing.T) {
 	h := openHarness(t, t.TempDir())
 	h.one(enq("q", "m1", "x"))
