@@ -557,6 +557,32 @@ func TestRestartSkipsAppliedEntries(t *testing.T) {
 	}
 }
 
+func TestRestartSkipsTheLastAppliedEntry(t *testing.T) {
+	dir := t.TempDir()
+	h := openHarness(t, dir)
+	// The last entry is one that a second application would change: the
+	// dequeue would deliver the other message as well.
+	h.run(enq("q", "m1", "a"), enq("q", "m2", "b"))
+	last := deq("q", "r1", 0)
+	last.Now = h.now
+	mustDeliver(t, h.f.ApplyBatch([]*raft.Log{logOf(t, 3, last)})[0].(*Result))
+	want := h.hash()
+	if err := h.f.Close(); err != nil {
+		t.Fatal(err)
+	}
+	h2 := openHarness(t, dir)
+	if h2.f.Applied() != 3 {
+		t.Fatalf("applied=%d", h2.f.Applied())
+	}
+	h2.f.ApplyBatch([]*raft.Log{logOf(t, 3, last)})
+	if st := h2.stats("q"); st.InFlight != 1 || st.Ready != 1 {
+		t.Fatalf("after replaying the last applied entry: %+v", st)
+	}
+	if !bytes.Equal(want, h2.hash()) {
+		t.Fatal("the last applied entry was applied again")
+	}
+}
+
 func TestUntrustedStateIsDiscardedAfterAnOSRestart(t *testing.T) {
 	dir := t.TempDir()
 	path := filepath.Join(dir, "state.db")
