@@ -311,6 +311,66 @@ func TestFrozenLeaderIsReplacedAndServesNothingStale(t *testing.T) {
 	c.WaitConverged(15 * time.Second)
 }
 
+// A leader cut off from its peers is replaced before it has taken in that it
+// no longer leads (here its leadership goroutine is held up by a watcher).
+// A read it serves meanwhile confirms its leadership with a quorum first, so
+// it fails rather than return the state from before the new leader's write.
+func TestCutOffLeaderServesNoStaleReadBeforeItNoticesItsLoss(t *testing.T) {
+	c := Start(t, 3)
+	old := c.Leader()
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) }) // before the cluster stops
+	for _, i := range others(c, old) {
+		c.Nodes[i].Server.Node().OnLeadership(func(isLeader bool) {
+			if isLeader {
+				<-release
+			}
+		})
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if !c.Nodes[old].Server.Node().HandOff(ctx) {
+		t.Fatal("leadership was not handed over")
+	}
+	cut := -1
+	waitFor(t, 10*time.Second, "a follower to take leadership over", func() bool {
+		for _, i := range others(c, old) {
+			if c.Nodes[i].Server.Node().IsLeader() {
+				cut = i
+			}
+		}
+		return cut >= 0
+	})
+	node := c.Nodes[cut].Server.Node()
+	commit(t, acquire(t, c.Client(cut), "k", 30), `{"v":1}`)
+	term := node.Status().Term
+
+	c.Fabric.Isolate(c.Nodes[cut].Name)
+	leader := -1
+	waitFor(t, 10*time.Second, "a leader among the others", func() bool {
+		for _, i := range others(c, cut) {
+			if n := c.Nodes[i].Server.Node(); n.IsLeader() && n.Status().Term > term {
+				leader = i
+			}
+		}
+		return leader >= 0
+	})
+	commit(t, acquire(t, c.RetryingClient(leader), "k", 30), `{"v":2}`)
+	if !node.IsLeader() {
+		t.Fatal("the cut-off node already noticed that it no longer leads")
+	}
+	var doc string
+	err := node.Read(ctx, func(v *fsm.View) error {
+		doc = string(v.PublicDoc(wire.DefaultNamespace, "k").Bytes)
+		return nil
+	})
+	if err == nil {
+		t.Fatalf("the cut-off node served a read (%s) after another leader acknowledged {\"v\":2}", doc)
+	}
+	t.Logf("read on the cut-off node: %v", err)
+	c.Heal()
+}
+
 // A crash is abrupt where Stop is graceful: a request waiting on the
 // crashed leader gets no answer at all (Stop answers it with a retryable
 // error), the survivors elect a leader, and the node restarts from its
