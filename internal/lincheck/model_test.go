@@ -58,6 +58,21 @@ func (h *hist) release(client int, lease string, rollback bool, out Output, call
 	h.add(client, Input{Kind: KindRelease, Key: "k", Lease: lease, Rollback: rollback}, out, call, ret)
 }
 
+// staged is the start of several broken histories: client 0 acquires L1
+// (token 1) by 10ms and stages "x" (version 1) by 30ms.
+func (h *hist) staged() {
+	h.acquire(0, "L1", 1, 0, 0, 10)
+	h.update(0, "L1", "x", Output{Status: StatusOK, Version: 1}, 20, 30)
+}
+
+// handOver has L1 (token first) committed and released by 30ms and L2
+// (token second) granted at 100-110ms.
+func (h *hist) handOver(first, second int64) {
+	h.acquire(0, "L1", first, 0, 0, 10)
+	h.release(0, "L1", false, ok, 20, 30)
+	h.acquire(1, "L2", second, 0, 100, 110)
+}
+
 var (
 	ok      = Output{Status: StatusOK}
 	unknown = Output{Status: StatusUnknown, Code: "timeout"}
@@ -125,19 +140,16 @@ func TestModelRejectsBrokenHistories(t *testing.T) {
 			h.update(0, "L1", "x", Output{Status: StatusOK, Version: 1}, 3010, 3020)
 		}, "succeeded"},
 		"public read of a value never committed": {func(h *hist) {
-			h.acquire(0, "L1", 1, 0, 0, 10)
-			h.update(0, "L1", "x", Output{Status: StatusOK, Version: 1}, 20, 30)
+			h.staged()
 			h.release(0, "L1", true, ok, 40, 50)
 			h.get(1, "", docOut("x", 1), 60, 70)
 		}, ""},
 		"staged value visible to a public read": {func(h *hist) {
-			h.acquire(0, "L1", 1, 0, 0, 10)
-			h.update(0, "L1", "x", Output{Status: StatusOK, Version: 1}, 20, 30)
+			h.staged()
 			h.get(1, "", docOut("x", 1), 40, 50)
 		}, ""},
 		"acknowledged commit lost": {func(h *hist) {
-			h.acquire(0, "L1", 1, 0, 0, 10)
-			h.update(0, "L1", "x", Output{Status: StatusOK, Version: 1}, 20, 30)
+			h.staged()
 			h.release(0, "L1", false, ok, 40, 50)
 			h.get(1, "", none, 60, 70)
 		}, ""},
@@ -145,11 +157,7 @@ func TestModelRejectsBrokenHistories(t *testing.T) {
 			h.acquire(0, "L1", 1, 0, 0, 10)
 			h.acquire(1, "L2", 2, 0, 100, 110)
 		}, "while L1"},
-		"fencing token went backwards": {func(h *hist) {
-			h.acquire(0, "L1", 5, 0, 0, 10)
-			h.release(0, "L1", false, ok, 20, 30)
-			h.acquire(1, "L2", 3, 0, 100, 110)
-		}, "token order"},
+		"fencing token went backwards": {func(h *hist) { h.handOver(5, 3) }, "token order"},
 		"fresh lease reported expired": {func(h *hist) {
 			h.acquire(0, "L1", 1, 0, 0, 10)
 			h.update(0, "L1", "x", fail("lease_expired"), 20, 30)
@@ -159,9 +167,28 @@ func TestModelRejectsBrokenHistories(t *testing.T) {
 			h.update(0, "L1", "x", Output{Status: StatusOK, Version: 1}, 3200, 3210)
 		}, ""},
 		"holder reads someone else's write": {func(h *hist) {
-			h.acquire(0, "L1", 1, 0, 0, 10)
-			h.update(0, "L1", "x", Output{Status: StatusOK, Version: 1}, 20, 30)
+			h.staged()
 			h.get(0, "L1", docOut("y", 1), 40, 50)
+		}, ""},
+		"fencing token repeated": {func(h *hist) { h.handOver(1, 1) }, "token order"},
+		"acquire reports a version never committed": {func(h *hist) {
+			h.staged()
+			h.release(0, "L1", true, ok, 40, 50)
+			h.acquire(1, "L2", 2, 1, 100, 110)
+		}, ""},
+		"commit acknowledged after the lease expired": {func(h *hist) {
+			h.staged()
+			h.release(0, "L1", false, ok, 3200, 3210)
+		}, ""},
+		"rollback of another's live lease acknowledged": {func(h *hist) {
+			h.acquire(0, "L1", 1, 0, 0, 10)
+			h.release(0, "L1", false, ok, 20, 30)
+			h.acquire(1, "L2", 2, 0, 40, 50)
+			h.release(0, "L1", true, ok, 60, 70)
+		}, ""},
+		"holder reads its write at the wrong version": {func(h *hist) {
+			h.staged()
+			h.get(0, "L1", docOut("x", 2), 40, 50)
 		}, ""},
 		"fencing mismatch for the holder's own token": {func(h *hist) {
 			h.acquire(0, "L1", 1, 0, 0, 10)
