@@ -154,6 +154,32 @@ func TestHandOffIsFIFOAndInTheReleasingStep(t *testing.T) {
 	}
 }
 
+// The queue order survives wait sequence numbers past one byte: the 257th
+// queued acquire still comes after the 256th.
+func TestHandOffStaysFIFOPastTheFirst256Waits(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	cur := mustLease(t, h.one(acq("k", "t0", "r0", 10_000, 0)))
+	const n = 300
+	cmds := make([]*Command, n)
+	for i := range cmds {
+		cmds[i] = acq("k", "t"+strconv.Itoa(i+1), "r"+strconv.Itoa(i+1), 10_000, 5_000)
+	}
+	for i, r := range h.run(cmds...) {
+		if !r.Queued {
+			t.Fatalf("acquire %d not queued: %+v", i+1, r)
+		}
+	}
+	for want := 1; want <= n; want++ {
+		h.rec.events = nil
+		h.one(release(cur, false))
+		e := events(h, EventGranted)["r"+strconv.Itoa(want)]
+		if e == nil {
+			t.Fatalf("release did not hand the key to r%d: %+v", want, h.rec.events)
+		}
+		cur = e.Lease
+	}
+}
+
 func TestCommitPublishesAndRollbackDiscards(t *testing.T) {
 	h := openHarness(t, t.TempDir())
 	a := mustLease(t, h.one(acq("a", "tx", "r1", 10_000, 0)))
