@@ -180,6 +180,26 @@ func TestHandOffStaysFIFOPastTheFirst256Waits(t *testing.T) {
 	}
 }
 
+// A queued acquire whose wait ends in the step that frees the key is told
+// so and not granted: its requester stops waiting at the deadline.
+func TestHandOffSkipsAWaitEndingAtThatMoment(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	held := mustLease(t, h.one(acq("k", "t1", "r1", 10_000, 0)))
+	h.one(acq("k", "t2", "r2", 10_000, 5_000))
+	h.now += 5_000
+	h.rec.events = nil
+	h.one(release(held, false))
+	if e := events(h, EventGranted)["r2"]; e != nil {
+		t.Fatalf("granted at the end of its wait: %+v", e)
+	}
+	if e := events(h, EventWaitEnded)["r2"]; e == nil || e.Err.Code != errcode.Waiting.Code {
+		t.Fatalf("wait end: %+v", e)
+	}
+	if l := mustLease(t, h.one(acq("k", "t3", "r3", 10_000, 0))); l.Token != 2 {
+		t.Fatalf("the key was not free after the release: %+v", l)
+	}
+}
+
 func TestCommitPublishesAndRollbackDiscards(t *testing.T) {
 	h := openHarness(t, t.TempDir())
 	a := mustLease(t, h.one(acq("a", "tx", "r1", 10_000, 0)))
