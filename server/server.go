@@ -87,7 +87,6 @@ func NodeID(cfg config.Server) (string, error) {
 	return id, nil
 }
 
-
 // Option adjusts how a node reaches its peers; tests use them to inject
 // network faults.
 type Option func(*options)
