@@ -814,8 +814,8 @@ func TestEnvForFlags(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "state.db")); err != nil {
 		t.Fatalf("RAFTLOCKD_DATA_DIR not used: %v", err)
 	}
-	if _, err := os.Stat(filepath.Join(dir, "node-id")); !errors.Is(err, os.ErrNotExist) {
-		t.Fatalf("a node id was generated although RAFTLOCKD_NODE_ID was set: %v", err)
+	if raw, err := os.ReadFile(filepath.Join(dir, "node-id")); err != nil || strings.TrimSpace(string(raw)) != "env-node" {
+		t.Fatalf("the data dir keeps node id %q (%v), want RAFTLOCKD_NODE_ID's env-node", raw, err)
 	}
 	if !strings.Contains(srv.log.String(), `"msg":"raftlockd serving"`) {
 		t.Fatalf("RAFTLOCKD_LOG_FORMAT=json not used; output:\n%s", srv.log.String())
