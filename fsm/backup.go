@@ -150,10 +150,7 @@ func (f *FSM) PrepareRestore(path string) error {
 			return db.Update(func(tx *bolt.Tx) error {
 				// A key the file does not know gets a record holding only
 				// its counter; a message it does not know stays gone.
-				if err := raiseTokens(cur, tx, bucketKeys, func(r *KeyRecord) *int64 { return &r.Fencing }, true); err != nil {
-					return err
-				}
-				if err := raiseTokens(cur, tx, bucketQMsgs, func(m *Message) *int64 { return &m.Fencing }, false); err != nil {
+				if err := raiseKeyTokens(cur, tx); err != nil {
 					return err
 				}
 				if err := raiseMessageTokens(cur, tx); err != nil {
@@ -216,11 +213,20 @@ func (f *FSM) PrepareRestore(path string) error {
 // raiseMessageTokens raises the counter of every message in the file to the
 // highest token any message has been delivered with: a message the file
 // holds may have been delivered again since the backup, then acknowledged
-// and removed, leaving no record of its own to raise it to.
+// and removed, leaving no record of its own to raise it to. A state that
+// predates that record counts its messages' own counters.
 func raiseMessageTokens(cur *View, tx *bolt.Tx) error {
 	hwm := u64(cur.b(bucketMeta).Get(metaMsgTokens))
-	if hwm == 0 {
+	err := cur.b(bucketQMsgs).ForEach(func(k, v []byte) error {
+		var m Message
+		if err := json.Unmarshal(v, &m); err != nil {
+			return fmt.Errorf("fsm: current %s record %q: %w", bucketQMsgs, k, err)
+		}
+		hwm = max(hwm, uint64(m.Fencing))
 		return nil
+	})
+	if err != nil || hwm == 0 {
+		return err
 	}
 	msgs, err := tx.CreateBucketIfNotExists(bucketQMsgs)
 	if err != nil {
@@ -280,33 +286,28 @@ func keepOwnEntry(cur *View, tx *bolt.Tx, from, self []byte) error {
 	return nil
 }
 
-// raiseTokens raises the fencing counter (token of a record) of every
-// record of bucket in the file to at least its current value, so that no
-// token repeats; keepAbsent adds a record holding only the counter where
-// the file has none.
-func raiseTokens[T any](cur *View, tx *bolt.Tx, bucket []byte, token func(*T) *int64, keepAbsent bool) error {
-	into, err := tx.CreateBucketIfNotExists(bucket)
+// raiseKeyTokens raises the fencing counter of every key in the file to at
+// least its current value, so that no token repeats; a key the file does
+// not know gets a record holding only the counter.
+func raiseKeyTokens(cur *View, tx *bolt.Tx) error {
+	into, err := tx.CreateBucketIfNotExists(bucketKeys)
 	if err != nil {
 		return err
 	}
-	return cur.b(bucket).ForEach(func(k, v []byte) error {
-		var now, rec T
+	return cur.b(bucketKeys).ForEach(func(k, v []byte) error {
+		var now, rec KeyRecord
 		if err := json.Unmarshal(v, &now); err != nil {
-			return fmt.Errorf("fsm: current %s record %q: %w", bucket, k, err)
+			return fmt.Errorf("fsm: current %s record %q: %w", bucketKeys, k, err)
 		}
-		old := into.Get(k)
-		switch {
-		case old == nil && !keepAbsent:
-			return nil
-		case old != nil:
+		if old := into.Get(k); old != nil {
 			if err := json.Unmarshal(old, &rec); err != nil {
-				return errcode.InvalidSnapshot.With("%s record %q is malformed", bucket, k)
+				return errcode.InvalidSnapshot.With("%s record %q is malformed", bucketKeys, k)
 			}
-			if *token(&rec) >= *token(&now) {
+			if rec.Fencing >= now.Fencing {
 				return nil
 			}
 		}
-		*token(&rec) = *token(&now)
+		rec.Fencing = now.Fencing
 		raw, err := json.Marshal(rec)
 		if err != nil {
 			return err
