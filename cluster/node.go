@@ -167,7 +167,7 @@ func Open(cfg Config) (_ *Node, err error) {
 	if cfg.NodeID == "" {
 		return nil, errors.New("cluster: node id required")
 	}
-	raftDir := raftDir(cfg.DataDir)
+	raftDir := raftDirOf(cfg.DataDir)
 	if err := os.MkdirAll(raftDir, 0o700); err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
@@ -204,7 +204,7 @@ func Open(cfg Config) (_ *Node, err error) {
 	}
 	// The freelist is rebuilt on open instead of being rewritten (and
 	// synced) on every append.
-	n.store, err = raftboltdb.New(raftboltdb.Options{Path: raftLog(raftDir),
+	n.store, err = raftboltdb.New(raftboltdb.Options{Path: raftLogIn(raftDir),
 		BoltOptions: &bolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType}})
 	if err != nil {
 		return nil, fmt.Errorf("cluster: open raft log: %w", err)
@@ -548,13 +548,14 @@ func (n *Node) stopSpawning() {
 	n.endLife()
 }
 
-// raftDir is where a node keeps its Raft log and snapshots, in dataDir.
-func raftDir(dataDir string) string { return filepath.Join(dataDir, "raft") }
+// raftDirOf is where a node keeps its Raft log and snapshots, in dataDir.
+func raftDirOf(dataDir string) string { return filepath.Join(dataDir, "raft") }
 
-func raftLog(raftDir string) string { return filepath.Join(raftDir, "raft.db") }
+// raftLogIn is the Raft log's file in raftDir.
+func raftLogIn(raftDir string) string { return filepath.Join(raftDir, "raft.db") }
 
 // HasLog reports whether a node has kept a Raft log in dataDir.
 func HasLog(dataDir string) bool {
-	_, err := os.Stat(raftLog(raftDir(dataDir)))
+	_, err := os.Stat(raftLogIn(raftDirOf(dataDir)))
 	return err == nil
 }

@@ -61,8 +61,10 @@ type Server struct {
 	closeErr  error
 }
 
-// NodeID returns the configured node id, or the one kept in dataDir,
-// creating it on first use.
+// NodeID returns the node id of the data directory: the one kept there, or
+// the configured one, or a new one, kept there from then on. A configured id
+// that differs from the kept one is refused once the directory holds a Raft
+// log (Raft knows the node by the kept one).
 func NodeID(cfg config.Server) (string, error) {
 	path := filepath.Join(cfg.DataDir, "node-id")
 	var stored string
