@@ -11,6 +11,8 @@ import (
 	"mime/multipart"
 	"net/http"
 	"net/textproto"
+	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -534,25 +536,32 @@ type deliveryWatch struct {
 	stop  func()
 }
 
-// finished drops the watches of deliveries that ended and, while limit or
-// more remain and wait is set, waits for the oldest to end (or for ctx).
+// finished drops the watches of deliveries that ended, whichever they are,
+// and, while limit or more remain and wait is set, waits for any of them to
+// end (or for ctx): a subscriber that finishes a newer delivery before an
+// older one frees a slot at once.
 func finished(ctx context.Context, open []deliveryWatch, limit int, wait bool) []deliveryWatch {
-	for len(open) > 0 {
-		if len(open) < limit || !wait {
-			select {
-			case <-open[0].ended:
-			default:
-				return open
-			}
-		} else {
-			select {
-			case <-open[0].ended:
-			case <-ctx.Done():
-				return open
-			}
+	open = slices.DeleteFunc(open, func(o deliveryWatch) bool {
+		select {
+		case <-o.ended:
+			o.stop()
+			return true
+		default:
+			return false
 		}
-		open[0].stop()
-		open = open[1:]
+	})
+	for len(open) >= limit && wait && len(open) > 0 {
+		cases := make([]reflect.SelectCase, 0, len(open)+1)
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())})
+		for _, o := range open {
+			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(o.ended)})
+		}
+		chosen, _, _ := reflect.Select(cases)
+		if chosen == 0 {
+			return open
+		}
+		open[chosen-1].stop()
+		open = slices.Delete(open, chosen-1, chosen)
 	}
 	return open
 }

@@ -847,34 +847,7 @@ func TestQueueSubscribeLeasesOneDeliveryAtATime(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(testCtx(t))
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.url+"/v1/queue/subscribe",
-		strings.NewReader(`{"queue":"window","owner":"sub","wait_seconds":10}`))
-	res, err := e.hc.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer res.Body.Close()
-	_, params, _ := mime.ParseMediaType(res.Header.Get("Content-Type"))
-	mr := multipart.NewReader(res.Body, params["boundary"])
-	next := func() (*wire.Message, string) {
-		t.Helper()
-		var meta wire.DequeueResponse
-		for meta.Message == nil {
-			p, err := mr.NextPart()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := json.NewDecoder(p).Decode(&meta); err != nil {
-				t.Fatal(err)
-			}
-		}
-		p, err := mr.NextPart()
-		if err != nil {
-			t.Fatal(err)
-		}
-		payload, _ := io.ReadAll(io.LimitReader(p, meta.Message.PayloadBytes))
-		return meta.Message, string(payload)
-	}
+	next := e.subscribe(ctx, `{"queue":"window","owner":"sub","wait_seconds":10}`)
 	first, p := next()
 	if p != "a" {
 		t.Fatalf("the stream started with %q", p)
@@ -897,4 +870,66 @@ func TestQueueSubscribeLeasesOneDeliveryAtATime(t *testing.T) {
 	testutil.WaitFor(t, 10*time.Second, "the subscription to end on the server", func() bool {
 		return e.stats("window").WaitingConsumers == 0
 	})
+}
+
+// subscribe opens a subscription with body and returns a function that
+// reads its next delivery (the message and its payload), failing the test
+// when the stream ends or ctx does first.
+func (e *env) subscribe(ctx context.Context, body string) func() (*wire.Message, string) {
+	t := e.t
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, e.url+"/v1/queue/subscribe", strings.NewReader(body))
+	res, err := e.hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { res.Body.Close() })
+	_, params, _ := mime.ParseMediaType(res.Header.Get("Content-Type"))
+	mr := multipart.NewReader(res.Body, params["boundary"])
+	return func() (*wire.Message, string) {
+		t.Helper()
+		var meta wire.DequeueResponse
+		for meta.Message == nil {
+			p, err := mr.NextPart()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := json.NewDecoder(p).Decode(&meta); err != nil {
+				t.Fatal(err)
+			}
+		}
+		p, err := mr.NextPart()
+		if err != nil {
+			t.Fatal(err)
+		}
+		payload, _ := io.ReadAll(io.LimitReader(p, meta.Message.PayloadBytes))
+		return meta.Message, string(payload)
+	}
+}
+
+// A subscription with page_size 2 that holds two deliveries leases the
+// next message as soon as the subscriber finishes either of them, the
+// newer one included, not only once the oldest ends.
+func TestQueueSubscribeWindowFreesASlotForAnyFinishedDelivery(t *testing.T) {
+	e := newEnv(t)
+	for _, p := range []string{"a", "b", "c"} {
+		e.enqueue("window2", p)
+	}
+	ctx, cancel := context.WithTimeout(testCtx(t), 10*time.Second)
+	defer cancel()
+	next := e.subscribe(ctx, `{"queue":"window2","owner":"sub","wait_seconds":10,"page_size":2}`)
+	if _, p := next(); p != "a" {
+		t.Fatalf("the stream started with %q", p)
+	}
+	second, p := next()
+	if p != "b" {
+		t.Fatalf("the second delivery was %q", p)
+	}
+	if r := e.post("/v1/queue/ack", nil, ackBody(second)); r.status != http.StatusOK {
+		t.Fatalf("ack: %d %s", r.status, r.body)
+	}
+	// "a" is still leased for its visibility timeout (30 s): "c" must come
+	// well before that, before ctx ends the stream.
+	if _, p := next(); p != "c" {
+		t.Fatalf("the stream went on with %q", p)
+	}
 }
