@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/raftlockd/raftlockd/wire"
@@ -248,7 +249,7 @@ func (s *Server) Validate() error {
 	if s.GossipProfile != "lan" && s.GossipProfile != "fast" {
 		errs = append(errs, fmt.Errorf("gossip-profile %q: want lan or fast", s.GossipProfile))
 	}
-	switch s.LogLevel {
+	switch strings.ToLower(s.LogLevel) { // slog reads levels in any case
 	case "debug", "info", "warn", "error":
 	default:
 		errs = append(errs, fmt.Errorf("log-level %q: want debug, info, warn or error", s.LogLevel))

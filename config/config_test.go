@@ -30,3 +30,19 @@ func TestFanoutMultiplierIsBounded(t *testing.T) {
 		}
 	}
 }
+
+// Log levels are read in any case, as slog reads them; others are refused.
+func TestLogLevelInAnyCase(t *testing.T) {
+	for _, lv := range []string{"INFO", "Debug", "warn", "ERROR"} {
+		s := Default()
+		s.LogLevel = lv
+		if err := s.Validate(); err != nil {
+			t.Fatalf("log-level %q: %v", lv, err)
+		}
+	}
+	s := Default()
+	s.LogLevel = "verbose"
+	if err := s.Validate(); err == nil || !strings.Contains(err.Error(), `log-level "verbose"`) {
+		t.Fatalf("log-level verbose: %v", err)
+	}
+}
