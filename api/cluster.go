@@ -2,9 +2,12 @@ package api
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"net"
 	"net/http"
@@ -15,6 +18,7 @@ import (
 
 	"github.com/raftlockd/raftlockd/cluster"
 	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/rm"
 	"github.com/raftlockd/raftlockd/wire"
 )
 
@@ -143,6 +147,7 @@ func (h *handler) snapshot(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set("Content-Type", "application/octet-stream")
 		w.Header().Set("Content-Length", strconv.FormatInt(info.Size, 10))
 		w.Header().Set(wire.HeaderSnapshotIndex, strconv.FormatUint(info.Index, 10))
+		w.Header().Set(wire.HeaderSnapshotSHA256, info.SHA256)
 		w.WriteHeader(http.StatusOK)
 		if _, err := io.Copy(w, stream); err != nil {
 			h.Logger.Warn("streaming a snapshot", "error", err)
@@ -184,11 +189,19 @@ func (h *handler) restoreForwarder() *http.Client {
 // streaming it as it arrives, so that clients need not reach the leader's
 // advertised address (a container's host name, a private network). The
 // leader checks a forwarded upload exactly as one it receives directly.
+//
+// An upload sent with X-Expected-SHA256 is restored only when its bytes
+// have that checksum; otherwise nothing changes (409
+// expected_sha256_mismatch). A follower passes the header on.
 func (h *handler) restore(w http.ResponseWriter, r *http.Request) error {
+	want := strings.TrimSpace(r.Header.Get(wire.HeaderExpectedSHA256))
+	if want != "" && !rm.ValidSHA256(want) {
+		return errcode.InvalidChecksum.With("%s must be 64 hex digits", wire.HeaderExpectedSHA256)
+	}
 	body := &uploadBody{r: r.Body}
 	backoff := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
-		res, err := h.Backups.Restore(r.Context(), body)
+		res, err := h.Backups.Restore(r.Context(), checked(body, want))
 		if err == nil {
 			writeJSON(w, http.StatusOK, wire.RestoreResponse{Restored: true, Bytes: res.Bytes, Index: res.Index})
 			return nil
@@ -243,6 +256,9 @@ func (h *handler) forwardRestore(w http.ResponseWriter, r *http.Request, body *u
 	req.Header.Set("Content-Type", "application/octet-stream")
 	req.Header.Set("Expect", "100-continue")
 	req.Header.Set(wire.HeaderForwardedBy, h.NodeID)
+	if v := r.Header.Get(wire.HeaderExpectedSHA256); v != "" {
+		req.Header.Set(wire.HeaderExpectedSHA256, v)
+	}
 	if id := correlation(r.Context()); id != "" {
 		req.Header.Set(wire.HeaderCorrelationID, id)
 	}
@@ -311,7 +327,35 @@ func (b *uploadBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-func (b *uploadBody) used() bool   { return b.read.Load() }
+func (b *uploadBody) used() bool { return b.read.Load() }
+
+// checked returns r, which at its end fails with expected_sha256_mismatch
+// instead of io.EOF when what it gave does not have the SHA-256 want (hex;
+// "": r as it is).
+func checked(r io.Reader, want string) io.Reader {
+	if want == "" {
+		return r
+	}
+	return &checkedReader{r: r, h: sha256.New(), want: strings.ToLower(want)}
+}
+
+type checkedReader struct {
+	r    io.Reader
+	h    hash.Hash
+	want string
+}
+
+func (c *checkedReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.h.Write(p[:n])
+	if err == io.EOF {
+		if got := hex.EncodeToString(c.h.Sum(nil)); got != c.want {
+			return n, errcode.ChecksumMismatch.With("the snapshot's SHA-256 is %s, not the %s %s: it was damaged", got,
+				wire.HeaderExpectedSHA256, c.want)
+		}
+	}
+	return n, err
+}
 func (b *uploadBody) bytes() int64 { return b.n.Load() }
 
 func (h *handler) tcLeader(w http.ResponseWriter, r *http.Request) error {

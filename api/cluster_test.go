@@ -3,6 +3,8 @@ package api_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net"
 	"net/http"
@@ -60,7 +62,15 @@ func (e *env) saveSnapshot() []byte {
 	if r.header.Get(wire.HeaderSnapshotIndex) == "" {
 		e.t.Fatal("no snapshot index header")
 	}
+	if got, want := r.header.Get(wire.HeaderSnapshotSHA256), sha256Hex(r.body); got != want {
+		e.t.Fatalf("%s %q, but the stream's SHA-256 is %s", wire.HeaderSnapshotSHA256, got, want)
+	}
 	return r.body
+}
+
+func sha256Hex(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }
 
 // Save, write more, restore: the later writes are gone, the earlier ones
@@ -110,6 +120,32 @@ func TestSnapshotSaveRestoreRoundTrip(t *testing.T) {
 	e.commitDoc("d", `{"d":1}`)
 	if again := e.saveSnapshot(); len(again) == 0 {
 		t.Fatal("empty snapshot after restore")
+	}
+}
+
+// An upload sent with X-Expected-SHA256 is restored only when its bytes
+// have that checksum: a damaged copy changes nothing, and a malformed
+// checksum is a 400.
+func TestSnapshotUploadIsCheckedAgainstItsChecksum(t *testing.T) {
+	e := newEnv(t)
+	e.commitDoc("keep", `{"v":1}`)
+	good := e.saveSnapshot()
+	e.commitDoc("keep", `{"v":2}`)
+	damaged := bytes.Clone(good)
+	damaged[len(damaged)/2] ^= 0x40
+	wantErr(t, e.operator().do(http.MethodPost, "/v1/cluster/snapshot", map[string]string{wire.HeaderExpectedSHA256: sha256Hex(good)},
+		string(damaged)), http.StatusConflict, "expected_sha256_mismatch")
+	wantErr(t, e.operator().do(http.MethodPost, "/v1/cluster/snapshot", map[string]string{wire.HeaderExpectedSHA256: "abc"},
+		string(good)), http.StatusBadRequest, "invalid_expected_sha256")
+	if r := e.publicGet("default", "keep"); r.status != http.StatusOK || string(r.body) != `{"v":2}` {
+		t.Fatalf("state after refused uploads: %d %s", r.status, r.body)
+	}
+	if r := e.operator().do(http.MethodPost, "/v1/cluster/snapshot", map[string]string{wire.HeaderExpectedSHA256: strings.ToUpper(sha256Hex(good))},
+		string(good)); r.status != http.StatusOK {
+		t.Fatalf("restore with its checksum: %d %s", r.status, r.body)
+	}
+	if r := e.publicGet("default", "keep"); r.status != http.StatusOK || string(r.body) != `{"v":1}` {
+		t.Fatalf("state after the restore: %d %s", r.status, r.body)
 	}
 }
 
@@ -296,6 +332,10 @@ func TestClusterRestoreThroughAFollower(t *testing.T) {
 	wantErr(t, fe.operator().do(http.MethodPost, "/v1/cluster/snapshot", nil, "this is not a snapshot"),
 		http.StatusBadRequest, "invalid_snapshot")
 	wantErr(t, fe.operator().do(http.MethodPost, "/v1/cluster/snapshot", nil, ""), http.StatusBadRequest, "missing_body")
+	// The follower passes the checksum on: the leader refuses an upload
+	// that does not match it.
+	wantErr(t, fe.operator().do(http.MethodPost, "/v1/cluster/snapshot", map[string]string{wire.HeaderExpectedSHA256: sha256Hex([]byte("other"))},
+		string(backup)), http.StatusConflict, "expected_sha256_mismatch")
 	// A forwarded upload is never forwarded again: a follower refuses it.
 	wantErr(t, fe.operator().do(http.MethodPost, "/v1/cluster/snapshot", map[string]string{"X-Raftlockd-Forwarded-By": "other"},
 		string(backup)), http.StatusServiceUnavailable, "not_leader")

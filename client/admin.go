@@ -2,7 +2,9 @@ package client
 
 import (
 	"context"
+	"crypto/sha256"
 	"crypto/x509"
+	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"errors"
@@ -80,12 +82,16 @@ func (c *Client) SaveSnapshot(ctx context.Context, w io.Writer, progress Progres
 	}
 	defer resp.Body.Close()
 	total := resp.ContentLength
-	n, err := io.Copy(w, &counter{r: resp.Body, total: total, progress: progress})
+	h := sha256.New()
+	n, err := io.Copy(io.MultiWriter(w, h), &counter{r: resp.Body, total: total, progress: progress})
 	if err != nil {
 		return n, fmt.Errorf("client: receive snapshot: %w", err)
 	}
 	if total >= 0 && n != total {
 		return n, fmt.Errorf("client: snapshot ended after %d of %d bytes", n, total)
+	}
+	if want := strings.ToLower(resp.Header.Get(wire.HeaderSnapshotSHA256)); want != "" && hex.EncodeToString(h.Sum(nil)) != want {
+		return n, fmt.Errorf("client: the snapshot received does not match the SHA-256 the server sent (%s)", want)
 	}
 	return n, nil
 }
@@ -96,13 +102,18 @@ func (c *Client) SaveSnapshot(ctx context.Context, w io.Writer, progress Progres
 // any node serves a restore. A server that answers not_leader instead (one
 // that does not forward) names the leader, and the upload goes there. Each
 // attempt first asks with Expect: 100-continue, so the file is sent only to
-// a node that accepts it.
+// a node that accepts it. The upload carries src's SHA-256, so the server
+// restores exactly what src holds or nothing.
 func (c *Client) RestoreSnapshot(ctx context.Context, src io.ReadSeeker, size int64, progress Progress) (*wire.RestoreResponse, error) {
+	sum, err := SHA256Of(src)
+	if err != nil {
+		return nil, fmt.Errorf("client: read snapshot: %w", err)
+	}
 	base := c.base
 	deadline := time.Now().Add(c.retryFor)
 	backoff := 50 * time.Millisecond
 	for redirects := 0; ; {
-		out, err := c.restoreOnce(ctx, base, src, size, progress)
+		out, err := c.restoreOnce(ctx, base, src, size, sum, progress)
 		if err == nil {
 			return out, nil
 		}
@@ -124,7 +135,20 @@ func (c *Client) RestoreSnapshot(ctx context.Context, src io.ReadSeeker, size in
 	}
 }
 
-func (c *Client) restoreOnce(ctx context.Context, base string, src io.ReadSeeker, size int64, progress Progress) (*wire.RestoreResponse, error) {
+// SHA256Of returns the hex SHA-256 of everything src holds, read from its
+// start.
+func SHA256Of(src io.ReadSeeker) (string, error) {
+	if _, err := src.Seek(0, io.SeekStart); err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	if _, err := io.Copy(h, src); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}
+
+func (c *Client) restoreOnce(ctx context.Context, base string, src io.ReadSeeker, size int64, sum string, progress Progress) (*wire.RestoreResponse, error) {
 	if _, err := src.Seek(0, io.SeekStart); err != nil {
 		return nil, fmt.Errorf("client: rewind snapshot: %w", err)
 	}
@@ -137,6 +161,7 @@ func (c *Client) restoreOnce(ctx context.Context, base string, src io.ReadSeeker
 	req.ContentLength = size
 	req.Header.Set("Content-Type", "application/octet-stream")
 	req.Header.Set("Expect", "100-continue")
+	req.Header.Set(wire.HeaderExpectedSHA256, sum)
 	resp, err := c.http.Do(req)
 	if err != nil {
 		return nil, fmt.Errorf("client: POST /v1/cluster/snapshot: %w", err)

@@ -1,10 +1,12 @@
 package client_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,5 +78,23 @@ func TestACallCancelledBetweenRetriesSaysSo(t *testing.T) {
 	_, err = c.Describe(ctx, "default", "k")
 	if !errors.Is(err, context.DeadlineExceeded) || !errors.Is(err, errcode.NoLeader) {
 		t.Fatalf("a call whose deadline passed between retries: %v; want the deadline and the last answer", err)
+	}
+}
+
+// A snapshot whose bytes do not have the SHA-256 the server sent with it
+// is reported as damaged rather than saved as if whole.
+func TestSaveSnapshotChecksTheServersChecksum(t *testing.T) {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(wire.HeaderSnapshotSHA256, strings.Repeat("0", 64))
+		_, _ = w.Write([]byte("state file"))
+	}))
+	t.Cleanup(ts.Close)
+	c, err := client.New(ts.URL, client.WithRetry(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got bytes.Buffer
+	if _, err := c.SaveSnapshot(context.Background(), &got, nil); err == nil || !strings.Contains(err.Error(), "does not match the SHA-256") {
+		t.Fatalf("save of a stream that does not match its checksum: %v", err)
 	}
 }

@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -23,9 +25,10 @@ type SnapshotInfo struct {
 	// Index is raft's index for the snapshot: it covers every entry up to
 	// it, and may hold later ones (the state file records its own applied
 	// index, which a restore uses).
-	Index uint64
-	Term  uint64
-	Size  int64 // bytes in the stream
+	Index  uint64
+	Term   uint64
+	Size   int64  // bytes in the stream
+	SHA256 string // hex SHA-256 of the stream, for the copy's integrity
 }
 
 // SaveSnapshot takes a snapshot of this node's state that covers every
@@ -52,8 +55,31 @@ func (n *Node) SaveSnapshot(ctx context.Context) (SnapshotInfo, io.ReadCloser, e
 		if err != nil {
 			return SnapshotInfo{}, nil, n.adminErr("open snapshot", err)
 		}
-		return SnapshotInfo{Index: meta.Index, Term: meta.Term, Size: meta.Size}, rc, nil
+		sum, err := n.snapshotSHA256(meta.ID)
+		if err != nil {
+			rc.Close()
+			return SnapshotInfo{}, nil, n.adminErr("checksum snapshot", err)
+		}
+		return SnapshotInfo{Index: meta.Index, Term: meta.Term, Size: meta.Size, SHA256: sum}, rc, nil
 	}
+}
+
+// snapshotSHA256 reads the stored snapshot id once more and returns its
+// hex SHA-256, so that the stream can be sent with its checksum ahead.
+// The caller holds the snapshot open, so a newer snapshot that removes it
+// from the store meanwhile leaves that reader intact; this reader is opened
+// right after it.
+func (n *Node) snapshotSHA256(id string) (string, error) {
+	_, rc, err := n.snaps.Open(id)
+	if err != nil {
+		return "", err
+	}
+	defer rc.Close()
+	h := sha256.New()
+	if _, err := io.Copy(h, rc); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
 // adminErr classifies a raft failure of an operator request: raft's own
@@ -114,6 +140,8 @@ func (n *Node) Restore(ctx context.Context, r io.Reader) (RestoreInfo, error) {
 	switch {
 	case src.err != nil && ctx.Err() != nil:
 		return RestoreInfo{}, fmt.Errorf("cluster: restore: %w", ctx.Err())
+	case errors.As(src.err, new(*errcode.Error)):
+		return RestoreInfo{}, src.err // the reader's own verdict on the upload (a checksum)
 	case src.err != nil:
 		return RestoreInfo{}, errcode.InvalidBody.With("reading the snapshot: %v", src.err)
 	case err != nil:

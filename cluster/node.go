@@ -124,6 +124,7 @@ type Node struct {
 	raft      *raft.Raft
 	fsm       *fsm.FSM
 	store     *raftboltdb.BoltStore
+	snaps     raft.SnapshotStore
 	transport *raftTransport
 	mux       *mux
 	peers     *peers
@@ -216,6 +217,7 @@ func Open(cfg Config) (_ *Node, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster: snapshot store: %w", err)
 	}
+	n.snaps = snaps
 	ln, err := cfg.Network.Listen(cfg.RaftBind)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: listen %s: %w", cfg.RaftBind, err)

@@ -22,6 +22,9 @@ const (
 	HeaderServedBy       = "X-Raftlockd-Node"
 	HeaderLeader         = "X-Raftlockd-Leader" // the Raft leader's node id, when the serving node knows it
 	HeaderSnapshotIndex  = "X-Raftlockd-Snapshot-Index"
+	// HeaderSnapshotSHA256 carries the hex SHA-256 of a saved snapshot's
+	// stream; a restore upload names it in X-Expected-SHA256.
+	HeaderSnapshotSHA256 = "X-Raftlockd-Snapshot-Sha256"
 	// HeaderForwardedBy marks a request a follower passed on to the leader;
 	// the node receiving it serves it or refuses, and never passes it on again.
 	HeaderForwardedBy = "X-Raftlockd-Forwarded-By"

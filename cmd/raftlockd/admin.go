@@ -2,12 +2,16 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
@@ -89,11 +93,21 @@ func newSnapshotCmd() *cobra.Command {
 				return err
 			}
 			p := newProgress(cmd.ErrOrStderr(), "received")
-			n, err := writeFileAtomic(args[0], func(w io.Writer) (int64, error) { return c.SaveSnapshot(ctx, w, p.update) })
+			h := sha256.New()
+			n, err := writeFileAtomic(args[0], func(w io.Writer) (int64, error) {
+				return c.SaveSnapshot(ctx, io.MultiWriter(w, h), p.update)
+			})
 			if err != nil {
 				return err
 			}
-			p.finish(fmt.Sprintf("saved snapshot to %s", args[0]), n)
+			sum := hex.EncodeToString(h.Sum(nil))
+			if _, err := writeFileAtomic(checksumFile(args[0]), func(w io.Writer) (int64, error) {
+				n, err := fmt.Fprintf(w, "%s  %s\n", sum, filepath.Base(args[0]))
+				return int64(n), err
+			}); err != nil {
+				return fmt.Errorf("saved snapshot to %s, but not its checksum: %w", args[0], err)
+			}
+			p.finish(fmt.Sprintf("saved snapshot to %s (SHA-256 %s, in %s)", args[0], sum, checksumFile(args[0])), n)
 			return nil
 		},
 	}, &cobra.Command{
@@ -103,7 +117,12 @@ func newSnapshotCmd() *cobra.Command {
 The leader restores it (any other node forwards the upload to the leader, so
 --server may name any member) and installs it on every member. Documents, versions, leases and transactions
 return to the moment of the snapshot; fencing tokens do not go back: every
-key's next token is above any token issued before the restore.`,
+key's next token is above any token issued before the restore.
+
+'snapshot save' writes FILE's SHA-256 next to it, in FILE.sha256 (the
+format of sha256sum). When that file is there, a FILE that does not match it
+is refused before anything is sent; the upload carries the checksum, so the
+cluster restores exactly FILE's bytes or nothing.`,
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			f, err := os.Open(args[0])
@@ -113,6 +132,9 @@ key's next token is above any token issued before the restore.`,
 			defer f.Close()
 			st, err := f.Stat()
 			if err != nil {
+				return err
+			}
+			if err := verifyChecksum(cmd.ErrOrStderr(), args[0], f); err != nil {
 				return err
 			}
 			c, ctx, cancel, err := o.open(cmd)
@@ -141,6 +163,38 @@ key's next token is above any token issued before the restore.`,
 		},
 	})
 	return cmd
+}
+
+// checksumFile names the file that holds the SHA-256 of the snapshot at
+// path.
+func checksumFile(path string) string { return path + ".sha256" }
+
+// verifyChecksum checks the snapshot f (at path) against the checksum file
+// next to it, when there is one, and says on w what it did.
+func verifyChecksum(w io.Writer, path string, f io.ReadSeeker) error {
+	raw, err := os.ReadFile(checksumFile(path))
+	if errors.Is(err, fs.ErrNotExist) {
+		fmt.Fprintf(w, "no %s: the snapshot's integrity is not checked\n", checksumFile(path))
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	fields := strings.Fields(string(raw))
+	if len(fields) == 0 || len(fields[0]) != sha256.Size*2 {
+		return fmt.Errorf("%s does not hold a SHA-256 (want the format of sha256sum)", checksumFile(path))
+	}
+	want := strings.ToLower(fields[0])
+	got, err := client.SHA256Of(f)
+	if err != nil {
+		return err
+	}
+	if got != want {
+		return fmt.Errorf("%s is damaged: its SHA-256 is %s, but %s says %s; nothing was restored", path, got,
+			checksumFile(path), want)
+	}
+	fmt.Fprintf(w, "%s matches %s\n", path, checksumFile(path))
+	return nil
 }
 
 // writeFileAtomic writes path through a temporary file in the same

@@ -2,6 +2,8 @@ package main
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net"
@@ -39,16 +41,35 @@ func TestCLISnapshotSaveRestore(t *testing.T) {
 	if res.code != 0 || res.stdout != "" || !strings.Contains(res.stderr, "saved snapshot to "+file) {
 		t.Fatalf("snapshot save: exit %d, stdout %q, stderr %q", res.code, res.stdout, res.stderr)
 	}
-	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
-		t.Fatalf("save left %d files in the directory, want only the snapshot", len(entries))
+	if entries, _ := os.ReadDir(dir); len(entries) != 2 {
+		t.Fatalf("save left %d files in the directory, want the snapshot and its checksum", len(entries))
 	}
-	if st, err := os.Stat(file); err != nil || st.Size() == 0 {
+	saved, err := os.ReadFile(file)
+	if err != nil || len(saved) == 0 {
 		t.Fatalf("saved snapshot: %v", err)
+	}
+	sum := sha256.Sum256(saved)
+	if got, _ := os.ReadFile(file + ".sha256"); string(got) != hex.EncodeToString(sum[:])+"  backup.db\n" {
+		t.Fatalf("checksum file %q", got)
 	}
 
 	second := commitDoc(`{"v":2}`)
+	// A copy damaged since it was saved is refused before anything is sent.
+	damaged := filepath.Join(dir, "damaged.db")
+	flipped := bytes.Clone(saved)
+	flipped[len(flipped)/2] ^= 0x40
+	if err := os.WriteFile(damaged, flipped, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(damaged+".sha256", []byte(hex.EncodeToString(sum[:])+"  damaged.db\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if res := cli(t, env, "", "snapshot", "restore", damaged); res.code == 0 || !strings.Contains(res.stderr, damaged+" is damaged") {
+		t.Fatalf("restore of a damaged copy: exit %d, stderr %q", res.code, res.stderr)
+	}
+	wantJSON(t, "state after the damaged copy", mustCLI(t, env, "", "client", "get", "--key", "k"), `{"v":2}`)
 	res = cli(t, env, "", "snapshot", "restore", file)
-	if res.code != 0 || !strings.Contains(res.stderr, "restored snapshot from "+file) {
+	if res.code != 0 || !strings.Contains(res.stderr, "restored snapshot from "+file) || !strings.Contains(res.stderr, "matches "+file+".sha256") {
 		t.Fatalf("snapshot restore: exit %d, stderr %q", res.code, res.stderr)
 	}
 	wantJSON(t, "state after restore", mustCLI(t, env, "", "client", "get", "--key", "k"), `{"v":1}`)
