@@ -25,7 +25,7 @@ type Coordinator interface {
 	Decide(ctx context.Context, d tc.Decision) (*fsm.TxnInfo, error)
 	Replay(ctx context.Context, txn string) (*fsm.TxnInfo, error)
 	Status(ctx context.Context, txn string) (*fsm.TxnInfo, error)
-	Register(ctx context.Context, backend, endpoint string, remove, passedOn bool) (fsm.RMInfo, error)
+	Register(ctx context.Context, change fsm.RMRegisterCmd) (fsm.RMInfo, error)
 	Registry(ctx context.Context) (map[string]fsm.RMEntry, int64, error)
 }
 
@@ -258,7 +258,11 @@ func (h *handler) rmRegister(remove bool) func(http.ResponseWriter, *http.Reques
 		if err != nil {
 			return err
 		}
-		info, err := h.Coordinator.Register(r.Context(), backend, ep, remove, req.PassedOn)
+		change := fsm.RMRegisterCmd{Backend: backend, Endpoint: ep, Remove: remove, PassedOn: req.PassedOn}
+		if req.PassedOn {
+			change.ChangedAt = req.ChangedAtUnixMs
+		}
+		info, err := h.Coordinator.Register(r.Context(), change)
 		if err != nil {
 			return err
 		}

@@ -99,7 +99,8 @@ func (g *gen) next() *Command {
 		return &Command{Op: OpTxnAck, Ack: &AckCmd{TxnID: g.txn(), Backends: g.backends()}}
 	case 13:
 		return &Command{Op: OpRMRegister, RMRegister: &RMRegisterCmd{Backend: g.pick([]string{"h1", "h2"}),
-			Endpoint: g.pick([]string{"http://x", "http://y"}), Remove: g.rng.IntN(3) == 0}}
+			Endpoint: g.pick([]string{"http://x", "http://y"}), Remove: g.rng.IntN(3) == 0,
+			PassedOn: g.rng.IntN(2) == 0, ChangedAt: g.rng.Int64N(3) * 1000}}
 	case 14, 15:
 		c := &EnqueueCmd{Namespace: "default", Queue: g.pick([]string{"q", "p"}), ID: "m" + id, Visibility: 200 + g.rng.Int64N(2000),
 			MaxAttempts: 1 + g.rng.IntN(3), Delay: g.rng.Int64N(3) * 300, TTL: g.rng.Int64N(2) * 3000, Payload: []byte("p" + id)}

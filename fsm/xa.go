@@ -2,8 +2,10 @@ package fsm
 
 import (
 	"encoding/json"
+	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/staging"
@@ -39,10 +41,98 @@ var (
 )
 
 // RMEntry is the registry's record of one island: the API endpoints that
-// reach its RM.
+// reach its RM, when each was registered, and when endpoints that were
+// removed were removed. The registry is last-writer-wins per endpoint
+// (RMEntry.Apply), so that a change older than what is recorded, such as an
+// island that missed a removal introducing the endpoint again, changes
+// nothing. An entry whose endpoints were all removed keeps its removal
+// records but is not listed (View.RMs).
 type RMEntry struct {
 	Endpoints []string `json:"endpoints"`
-	UpdatedAt int64    `json:"updated_at"`
+	UpdatedAt int64    `json:"updated_at"` // when Endpoints last changed here (Unix ms)
+	// Added says when each endpoint was registered (Unix ms, the time of
+	// the original change, on whichever island it was made); an endpoint
+	// missing here was registered before times were recorded: at 0.
+	Added map[string]int64 `json:"added,omitempty"`
+	// Removed says when each removed endpoint was removed, for
+	// RMRemovalRetention after that.
+	Removed map[string]int64 `json:"removed,omitempty"`
+}
+
+// RMRemovalRetention is how long the registry remembers a removed
+// endpoint. An island that missed the removal and comes back later than
+// that may introduce the endpoint again, and the others take it back.
+const RMRemovalRetention = 7 * 24 * time.Hour
+
+// ChangedAt returns when endpoint was last registered or removed, and
+// whether it was removed; known is false when e records neither.
+func (e RMEntry) ChangedAt(endpoint string) (at int64, removed, known bool) {
+	if at, ok := e.Removed[endpoint]; ok {
+		return at, true, true
+	}
+	if slices.Contains(e.Endpoints, endpoint) {
+		return e.Added[endpoint], false, true
+	}
+	return 0, false, false
+}
+
+// Apply returns e after the registration (or removal) c, recorded at now by
+// this island's replicated clock, and whether it changes the entry. The
+// rule, the same on every island, is last writer wins per endpoint:
+//   - a change made on this island (not PassedOn) that the entry does not
+//     show yet takes effect at now, or just after what the entry records
+//     for the endpoint if another island's clock stamped that later, so
+//     that it always wins here; one the entry shows already changes
+//     nothing (its recorded time stays);
+//   - a change PassedOn from another island takes effect only when it was
+//     made (ChangedAt) after what the entry records for the endpoint, a
+//     removal winning a tie, and a removal that is older than the
+//     retention only removes an endpoint registered before it;
+//   - removal records older than RMRemovalRetention are dropped whenever
+//     the entry changes.
+//
+// Accepting a change makes the same change unacceptable, so passing it on
+// ends. UpdatedAt moves to now when the endpoints change.
+func (e RMEntry) Apply(c RMRegisterCmd, now int64) (RMEntry, bool) {
+	at, removed, known := e.ChangedAt(c.Endpoint)
+	when := c.ChangedAt
+	switch {
+	case !c.PassedOn && known && removed == c.Remove:
+		return e, false
+	case !c.PassedOn:
+		when = max(now, at+1)
+	case known && (when < at || when == at && (removed || !c.Remove)):
+		return e, false
+	case !known && c.Remove && when < removalHorizon(now):
+		return e, false
+	}
+	next := RMEntry{Endpoints: slices.Clone(e.Endpoints), UpdatedAt: e.UpdatedAt,
+		Added: maps.Clone(e.Added), Removed: maps.Clone(e.Removed)}
+	if c.Remove {
+		next.Endpoints = slices.DeleteFunc(next.Endpoints, func(x string) bool { return x == c.Endpoint })
+		delete(next.Added, c.Endpoint)
+		next.Removed = setTime(next.Removed, c.Endpoint, when)
+	} else {
+		next.Endpoints = mergeSet(next.Endpoints, c.Endpoint)
+		delete(next.Removed, c.Endpoint)
+		next.Added = setTime(next.Added, c.Endpoint, when)
+	}
+	maps.DeleteFunc(next.Removed, func(_ string, t int64) bool { return t < removalHorizon(now) })
+	if len(next.Endpoints) != len(e.Endpoints) {
+		next.UpdatedAt = now
+	}
+	return next, true
+}
+
+// removalHorizon is the time before which removal records are dropped.
+func removalHorizon(now int64) int64 { return now - RMRemovalRetention.Milliseconds() }
+
+func setTime(m map[string]int64, k string, t int64) map[string]int64 {
+	if m == nil {
+		m = map[string]int64{}
+	}
+	m[k] = t
+	return m
 }
 
 // DecideCmd records this island's TC decision on a transaction. State is
@@ -92,10 +182,17 @@ type AckCmd struct {
 }
 
 // RMRegisterCmd adds (or with Remove drops) an RM endpoint of an island.
+// A change made on this island (an operator's, or the island's own
+// membership) takes the command's time; one PassedOn by another island
+// keeps the time it was originally made, ChangedAt (0 when the island that
+// passed it on did not say: older than anything recorded). RMEntry.Apply
+// says which changes take effect.
 type RMRegisterCmd struct {
-	Backend  string `json:"backend"`
-	Endpoint string `json:"endpoint"`
-	Remove   bool   `json:"remove,omitempty"`
+	Backend   string `json:"backend"`
+	Endpoint  string `json:"endpoint"`
+	Remove    bool   `json:"remove,omitempty"`
+	PassedOn  bool   `json:"passed_on,omitempty"`
+	ChangedAt int64  `json:"changed_at,omitempty"` // Unix ms
 }
 
 // TxnInfo describes a transaction record in a result.
@@ -527,23 +624,19 @@ func (s *applyState) rmRegister(c *RMRegisterCmd) *Result {
 	}
 	var e RMEntry
 	s.getJSON(bucketRMs, []byte(c.Backend), &e)
-	has := slices.Contains(e.Endpoints, c.Endpoint)
-	switch {
-	case c.Remove && has:
-		e.Endpoints = slices.DeleteFunc(e.Endpoints, func(x string) bool { return x == c.Endpoint })
-	case !c.Remove && !has:
-		e.Endpoints = mergeSet(e.Endpoints, c.Endpoint)
-	default:
+	next, changed := e.Apply(*c, s.now)
+	if !changed {
 		return &Result{RM: &RMInfo{Backend: c.Backend, Entry: e}}
 	}
-	e.UpdatedAt = s.now
-	s.put(bucketMeta, metaRMs, putU64(uint64(s.now)))
-	if len(e.Endpoints) == 0 {
+	if next.UpdatedAt != e.UpdatedAt {
+		s.put(bucketMeta, metaRMs, putU64(uint64(s.now)))
+	}
+	if len(next.Endpoints) == 0 && len(next.Removed) == 0 {
 		s.del(bucketRMs, []byte(c.Backend))
 	} else {
-		s.putJSON(bucketRMs, []byte(c.Backend), e)
+		s.putJSON(bucketRMs, []byte(c.Backend), next)
 	}
-	return &Result{RM: &RMInfo{Backend: c.Backend, Entry: e, Changed: true}}
+	return &Result{RM: &RMInfo{Backend: c.Backend, Entry: next, Changed: true}}
 }
 
 // RMInfo is a registry entry in a result; Changed says whether the command
@@ -554,8 +647,17 @@ type RMInfo struct {
 	Changed bool    `json:"changed,omitempty"`
 }
 
-// RMs lists the registry, by backend hash.
+// RMs lists the registry's islands, by backend hash: those with at least
+// one endpoint.
 func (v *View) RMs() map[string]RMEntry {
+	out := v.RMRecords()
+	maps.DeleteFunc(out, func(_ string, e RMEntry) bool { return len(e.Endpoints) == 0 })
+	return out
+}
+
+// RMRecords lists every entry of the registry, by backend hash, including
+// those that hold only removal records.
+func (v *View) RMRecords() map[string]RMEntry {
 	out := map[string]RMEntry{}
 	c := v.b(bucketRMs).Cursor()
 	for k, raw := c.First(); k != nil; k, raw = c.Next() {

@@ -53,12 +53,7 @@ func (s readStore) Read(_ context.Context, fn func(v *fsm.View) error) error { r
 
 func islandWithEndpoints(t *testing.T, backend string, endpoints ...string) readStore {
 	t.Helper()
-	f, err := fsm.Open(filepath.Join(t.TempDir(), "state.db"), fsm.Options{BootID: "b",
-		Fatal: func(err error) { t.Fatalf("unexpected fatal: %v", err) }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = f.Close() })
+	f := openFSM(t)
 	var logs []*raft.Log
 	for i, ep := range endpoints {
 		data, err := fsm.Encode(&fsm.Command{Op: fsm.OpRMRegister, Now: 1_000,
@@ -123,4 +118,17 @@ func TestAtIslandRetriesTransientFailuresOnly(t *testing.T) {
 	if !errors.As(err, &e) || e.Code != errcode.TxnUnreachable.Code {
 		t.Fatalf("an island without endpoints: %v", err)
 	}
+}
+
+// openFSM opens a state machine in a temporary directory, closed when the
+// test ends.
+func openFSM(t *testing.T) *fsm.FSM {
+	t.Helper()
+	f, err := fsm.Open(filepath.Join(t.TempDir(), "state.db"), fsm.Options{BootID: "b",
+		Fatal: func(err error) { t.Fatalf("unexpected fatal: %v", err) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Close() })
+	return f
 }

@@ -210,24 +210,25 @@ func (r *Resolver) round(ctx context.Context, backoff map[string]retry) (next ti
 	return next
 }
 
-// Register adds (or removes) an RM endpoint of island backend in this
-// island's registry through Raft, and passes the change on to every other
-// island in the registry, so that islands learn about each other. When
-// the change cannot be replicated everywhere it answers
+// Register records a registration (or removal) of an RM endpoint of
+// island ch.Backend in this island's registry through Raft, and passes it
+// on to every other island in the registry with the time the change was
+// made, so that islands learn about each other. What takes effect is
+// decided by fsm.RMEntry.Apply (last writer wins per endpoint). When the
+// change cannot be replicated everywhere it answers
 // tc_rm_replication_failed (what was recorded stays). An operator's
-// request is passed on even when this island has the change already, so
-// that retrying it reaches the islands that missed it; a change passedOn
-// by another island goes further only when it changed something here,
-// which ends the passing on.
-func (c *Coordinator) Register(ctx context.Context, backend, endpoint string, remove, passedOn bool) (fsm.RMInfo, error) {
-	rms, err := c.RMs(ctx)
+// request (not PassedOn) is passed on even when this island has the change
+// already, with the time recorded for it, so that retrying it reaches the
+// islands that missed it; a change passed on by another island goes
+// further only when it changed something here, which ends the passing on.
+func (c *Coordinator) Register(ctx context.Context, ch fsm.RMRegisterCmd) (fsm.RMInfo, error) {
+	rms, all, err := c.registry(ctx)
 	if err != nil {
 		return fsm.RMInfo{}, errcode.TCRMReplication.With("reading the registry: %v", err)
 	}
-	info := fsm.RMInfo{Backend: backend, Entry: rms[backend]}
-	if slices.Contains(info.Entry.Endpoints, endpoint) == remove {
-		res, err := c.store.Propose(ctx, &fsm.Command{Op: fsm.OpRMRegister,
-			RMRegister: &fsm.RMRegisterCmd{Backend: backend, Endpoint: endpoint, Remove: remove}})
+	info := fsm.RMInfo{Backend: ch.Backend, Entry: all[ch.Backend]}
+	if _, changes := info.Entry.Apply(ch, c.clock.Now().UnixMilli()); changes {
+		res, err := c.store.Propose(ctx, &fsm.Command{Op: fsm.OpRMRegister, RMRegister: &ch})
 		if err != nil {
 			if e := envelope(err); e != nil && e.Code == errcode.MalformedCmd.Code {
 				return fsm.RMInfo{}, errcode.InvalidParams.With("%s", e.Detail)
@@ -236,22 +237,24 @@ func (c *Coordinator) Register(ctx context.Context, backend, endpoint string, re
 		}
 		info = *res.RM
 	}
-	if !info.Changed && passedOn {
+	if !info.Changed && ch.PassedOn {
 		return info, nil
 	}
-	if _, known := rms[backend]; !known && info.Changed {
+	if _, known := rms[ch.Backend]; !known && len(info.Entry.Endpoints) > 0 {
 		c.learned.Store(true)
 	}
 	self := c.island.BackendHash()
 	var others []string
 	for _, b := range sortedKeys(rms) {
-		if b != self && b != backend {
+		if b != self && b != ch.Backend {
 			others = append(others, b)
 		}
 	}
+	at, _, _ := info.Entry.ChangedAt(ch.Endpoint)
+	req := wire.TCRMRegisterRequest{BackendHash: ch.Backend, Endpoint: ch.Endpoint, PassedOn: true, ChangedAtUnixMs: at}
 	errs := eachIsland(others, func(b string) error {
 		return c.atIsland(ctx, b, func(ctx context.Context, ep string) error {
-			_, err := c.remote.Register(ctx, ep, wire.TCRMRegisterRequest{BackendHash: backend, Endpoint: endpoint, PassedOn: true}, remove)
+			_, err := c.remote.Register(ctx, ep, req, ch.Remove)
 			return err
 		})
 	})
@@ -278,9 +281,24 @@ func (c *Coordinator) Registry(ctx context.Context) (map[string]fsm.RMEntry, int
 	return out, updated, err
 }
 
+// registry returns the registry's islands (those with endpoints) and every
+// entry, those holding only removal records included.
+func (c *Coordinator) registry(ctx context.Context) (rms, all map[string]fsm.RMEntry, err error) {
+	err = c.store.Read(ctx, func(v *fsm.View) error {
+		rms, all = v.RMs(), v.RMRecords()
+		return nil
+	})
+	return rms, all, err
+}
+
 // SyncRegistry records this island's member endpoints in its own registry
-// and registers them with every other island it knows (the configured
-// peers and the registry's islands).
+// (membership is the truth for the island's own entry: a member missing
+// from it is registered again at the current time, which wins over an
+// older removal) and tells every other island it knows (the configured
+// peers and the registry's islands) what its registry holds: each
+// endpoint with the time it was registered, and each removal record with
+// the time of the removal, so that an island that missed a change learns
+// it, and an island's stale introduction is ignored by the others.
 func (c *Coordinator) SyncRegistry(ctx context.Context) error {
 	self := c.island.BackendHash()
 	if self == "" {
@@ -290,66 +308,45 @@ func (c *Coordinator) SyncRegistry(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	rms, err := c.RMs(ctx)
-	if err != nil {
+	if err := c.syncOwnEntry(ctx, self, mine); err != nil {
 		return err
-	}
-	have := rms[self].Endpoints
-	for _, ep := range mine {
-		if !slices.Contains(have, ep) {
-			if _, err := c.Register(ctx, self, ep, false, false); err != nil {
-				return err
-			}
-		}
-	}
-	for _, ep := range have {
-		if !slices.Contains(mine, ep) {
-			if _, err := c.Register(ctx, self, ep, true, false); err != nil {
-				return err
-			}
-		}
 	}
 	// Introduce this island to the configured peers, and everything it
 	// knows to every island it knows (anti-entropy: an island that joined
 	// later learns the others from the first island it talks to). Each
 	// island is told in turn, the islands all at once: one that does not
 	// answer delays no other.
-	type intro struct {
-		backend string
-		eps     []string
-	}
-	tell := map[string][]intro{}
-	for _, peer := range c.cfg.Peers {
-		tell[peer] = append(tell[peer], intro{self, mine})
-	}
-	if rms, err = c.RMs(ctx); err != nil {
+	rms, all, err := c.registry(ctx)
+	if err != nil {
 		return err
 	}
+	tell := map[string][]wireChange{}
+	for _, peer := range c.cfg.Peers {
+		tell[peer] = append(tell[peer], changesOf(self, all[self], false)...)
+	}
 	for _, to := range sortedKeys(rms) {
-		if to == self || len(rms[to].Endpoints) == 0 {
+		if to == self {
 			continue
 		}
 		at := rms[to].Endpoints[0]
-		for _, b := range sortedKeys(rms) {
-			if b != to {
-				tell[at] = append(tell[at], intro{b, rms[b].Endpoints})
-			}
+		for _, b := range sortedKeys(all) {
+			// An island is told only the removals of its own endpoints:
+			// one it still has as a member it registers again.
+			tell[at] = append(tell[at], changesOf(b, all[b], b == to)...)
 		}
 	}
 	errs := eachIsland(sortedKeys(tell), func(at string) error {
 		var first error
-		for _, in := range tell[at] {
-			for _, ep := range in.eps {
-				actx, cancel := context.WithTimeout(ctx, c.cfg.FanoutTimeout)
-				_, err := c.remote.Register(actx, at, wire.TCRMRegisterRequest{BackendHash: in.backend, Endpoint: ep, PassedOn: true}, false)
-				cancel()
-				switch {
-				case err == nil, isReplicationPartial(err):
-				case transient(unwrapEnvelope(err)):
-					return err // it does not answer: telling it more would only wait longer
-				case first == nil:
-					first = err
-				}
+		for _, ch := range tell[at] {
+			actx, cancel := context.WithTimeout(ctx, c.cfg.FanoutTimeout)
+			_, err := c.remote.Register(actx, at, ch.req, ch.remove)
+			cancel()
+			switch {
+			case err == nil, isReplicationPartial(err):
+			case transient(unwrapEnvelope(err)):
+				return err // it does not answer: telling it more would only wait longer
+			case first == nil:
+				first = err
 			}
 		}
 		return first
@@ -358,6 +355,55 @@ func (c *Coordinator) SyncRegistry(ctx context.Context) error {
 		return errs[failed[0]]
 	}
 	return nil
+}
+
+// syncOwnEntry registers the island's member endpoints missing from its own
+// entry and removes the endpoints that are no longer members.
+func (c *Coordinator) syncOwnEntry(ctx context.Context, self string, mine []string) error {
+	_, all, err := c.registry(ctx)
+	if err != nil {
+		return err
+	}
+	have := all[self].Endpoints
+	for _, ep := range mine {
+		if !slices.Contains(have, ep) {
+			if _, err := c.Register(ctx, fsm.RMRegisterCmd{Backend: self, Endpoint: ep}); err != nil {
+				return err
+			}
+		}
+	}
+	for _, ep := range have {
+		if !slices.Contains(mine, ep) {
+			if _, err := c.Register(ctx, fsm.RMRegisterCmd{Backend: self, Endpoint: ep, Remove: true}); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// wireChange is a registry change as passed on to another island.
+type wireChange struct {
+	req    wire.TCRMRegisterRequest
+	remove bool
+}
+
+// changesOf lists what entry e of island backend records, as changes to
+// pass on: its endpoints with the time each was registered (unless
+// onlyRemovals), then its removal records with the time of the removal.
+func changesOf(backend string, e fsm.RMEntry, onlyRemovals bool) []wireChange {
+	var out []wireChange
+	if !onlyRemovals {
+		for _, ep := range e.Endpoints {
+			out = append(out, wireChange{req: wire.TCRMRegisterRequest{BackendHash: backend, Endpoint: ep,
+				PassedOn: true, ChangedAtUnixMs: e.Added[ep]}})
+		}
+	}
+	for _, ep := range sortedKeys(e.Removed) {
+		out = append(out, wireChange{remove: true, req: wire.TCRMRegisterRequest{BackendHash: backend, Endpoint: ep,
+			PassedOn: true, ChangedAtUnixMs: e.Removed[ep]}})
+	}
+	return out
 }
 
 // isReplicationPartial reports a peer that recorded a registration but

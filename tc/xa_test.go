@@ -1015,47 +1015,93 @@ func TestAConflictOnARenewedPrepareRollsBackWhatTheIslandPreparedBefore(t *testi
 	}
 }
 
-// A registry change that answered tc_rm_replication_failed is passed on
-// again when it is retried, even though it is recorded here already: a
-// retry answers 200 only once every island has it, so that the island that
-// missed an unregister does not teach the endpoint back to the others.
-func TestARetriedRegistryChangeReachesTheIslandsItMissed(t *testing.T) {
-	a, b := startIsland(t, "a"), startIsland(t, "b")
+// registryHas reports whether is lists island backend in its registry.
+func registryHas(t *testing.T, is *island, backend string) bool {
+	t.Helper()
+	list, err := is.client().RMList(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range list.Backends {
+		if e.BackendHash == backend {
+			return true
+		}
+	}
+	return false
+}
+
+// removalMissedByB starts islands a and b, registers an endpoint of island
+// "gone" through a, stops b and unregisters it through a, which answers
+// tc_rm_replication_failed: b missed the removal.
+func removalMissedByB(t *testing.T) (a, b *island, gone wire.TCRMRegisterRequest) {
+	t.Helper()
+	a, b = startIsland(t, "a"), startIsland(t, "b")
 	register(t, a, b)
 	ctx := context.Background()
-	gone := wire.TCRMRegisterRequest{BackendHash: "gone", Endpoint: "http://" + testutil.FreeAddr(t)}
+	gone = wire.TCRMRegisterRequest{BackendHash: "gone", Endpoint: "http://" + testutil.FreeAddr(t)}
 	if _, err := a.client().RMRegister(ctx, gone, false); err != nil {
 		t.Fatal(err)
 	}
-	has := func(is *island) bool {
-		list, err := is.client().RMList(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, e := range list.Backends {
-			if e.BackendHash == gone.BackendHash {
-				return true
-			}
-		}
-		return false
-	}
-	if !has(b) {
+	if !registryHas(t, b, gone.BackendHash) {
 		t.Fatal("the registration was not passed on to b")
 	}
 	b.stop()
 	_, err := a.client().RMRegister(ctx, gone, true)
 	wantCode(t, err, http.StatusBadGateway, "tc_rm_replication_failed")
+	return a, b, gone
+}
+
+// An island that was down when an endpoint was unregistered learns the
+// removal from the next registry sync, without the operator retrying; the
+// endpoint it introduces again when it comes back (its sync at start, and
+// every sync after until it learns) is older than the removal, and the
+// island that recorded the removal does not take it back.
+func TestARegistryRemovalReachesTheIslandThatMissedIt(t *testing.T) {
+	a, b, gone := removalMissedByB(t)
+	b.start()
+	stillGoneOnA := func() {
+		t.Helper()
+		if registryHas(t, a, gone.BackendHash) {
+			t.Fatal("b brought the unregistered endpoint back on a")
+		}
+	}
+	testutil.WaitFor(t, 20*time.Second, "the removal to reach b", func() bool {
+		stillGoneOnA()
+		return !registryHas(t, b, gone.BackendHash)
+	})
+	// Each of b's registry syncs calls a's register endpoint once for b's
+	// own endpoint, and once more for the stale endpoint while b still has
+	// it: three more calls span at least two syncs, the last one wholly
+	// after b learned the removal.
+	calls := requests(t, a, "/v1/tc/rm/register")
+	testutil.WaitFor(t, 40*time.Second, "two more of b's registry syncs", func() bool {
+		stillGoneOnA()
+		return requests(t, a, "/v1/tc/rm/register") >= calls+3
+	})
+	stillGoneOnA()
+	if registryHas(t, b, gone.BackendHash) {
+		t.Fatal("the unregistered endpoint is back on b")
+	}
+}
+
+// A registry change that answered tc_rm_replication_failed is passed on
+// again when it is retried, even though it is recorded here already, with
+// the time it was recorded: a retry answers 200 only once every island has
+// it.
+func TestARetriedRegistryChangeReachesTheIslandsItMissed(t *testing.T) {
+	a, b, gone := removalMissedByB(t)
+	ctx := context.Background()
 	// b still has the entry: the retry must not pretend otherwise.
-	_, err = a.client().RMRegister(ctx, gone, true)
+	_, err := a.client().RMRegister(ctx, gone, true)
 	wantCode(t, err, http.StatusBadGateway, "tc_rm_replication_failed")
 	b.start()
-	// b, back, introduces what its registry held to a once (its sync at
-	// start), which may bring the entry back: the operator's retry, passed
-	// on again, removes it for good.
-	testutil.WaitFor(t, 10*time.Second, "the retried unregister to reach b", func() bool {
+	testutil.WaitFor(t, 10*time.Second, "the retried unregister to answer 200", func() bool {
 		_, err := a.client().RMRegister(ctx, gone, true)
-		return err == nil && !has(a) && !has(b)
+		return err == nil
 	})
+	if registryHas(t, a, gone.BackendHash) || registryHas(t, b, gone.BackendHash) {
+		t.Fatal("the unregistered endpoint is listed after the retry answered 200")
+	}
 }
 
 // A replay on an island that prepared a transaction its coordinator has

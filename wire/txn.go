@@ -76,6 +76,11 @@ type TCRMRegisterRequest struct {
 	// another, which passes it on further only when it changed its
 	// registry (raftlockd).
 	PassedOn bool `json:"passed_on,omitempty"`
+	// ChangedAtUnixMs is, with PassedOn, when the change was originally
+	// made (Unix ms): an island takes it only if it is newer than what it
+	// records for the endpoint. Absent (0) it is older than anything
+	// recorded (raftlockd).
+	ChangedAtUnixMs int64 `json:"changed_at_unix_ms,omitempty"`
 }
 
 // TCRMRegisterResponse answers POST /v1/tc/rm/register.
