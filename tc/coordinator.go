@@ -21,6 +21,7 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -109,6 +110,11 @@ type Coordinator struct {
 	cfg    Config
 
 	learned atomic.Bool // the registry gained an island since the last sync
+
+	// fanning holds the transactions whose decision a request is recording
+	// and sending to the other islands right now: the resolver, woken by
+	// the same decision, leaves them to it instead of sending it twice.
+	fanning sync.Map // txn id -> struct{}
 }
 
 // New returns a coordinator for the island store replicates.
@@ -480,7 +486,11 @@ func (c *Coordinator) abort(ctx context.Context, d Decision, reason, detail stri
 }
 
 // finish records a final decision (commit or rollback) and fans it out.
+// The resolver leaves the transaction alone meanwhile; what this request
+// leaves undone it replays in its next round.
 func (c *Coordinator) finish(ctx context.Context, d Decision, reason, detail string) (*fsm.TxnInfo, error) {
+	c.fanning.Store(d.TxnID, struct{}{})
+	defer c.fanning.Delete(d.TxnID)
 	info, err := c.propose(ctx, &fsm.DecideCmd{TxnID: d.TxnID, State: d.State, Participants: d.Participants,
 		Prepared: remoteBackends(d.Participants, c.island.BackendHash()), Reason: reason, Detail: detail})
 	if err != nil {

@@ -157,6 +157,9 @@ func (r *Resolver) round(ctx context.Context, backoff map[string]retry) (next ti
 	}
 	var jobs []job
 	for _, id := range fan {
+		if _, busy := r.c.fanning.Load(id); busy {
+			continue // a request is fanning it out; if it fails, a later round replays it
+		}
 		jobs = append(jobs, job{"fanout/" + id, func() error {
 			rec, err := r.c.record(ctx, id)
 			if err != nil || rec == nil {
