@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/raftlockd/raftlockd/client"
 	"github.com/raftlockd/raftlockd/wire"
 )
 
@@ -89,9 +91,7 @@ func printExports(w io.Writer, prefix string, kvs [][2]string) {
 // wrote for it (RAFTLOCKD_QUEUE_TEMP_FILES; never a --payload-file).
 func (d *deliveryFlags) end(w io.Writer) {
 	if os.Getenv(queueEnv+"MESSAGE_ID") == d.id && os.Getenv(queueEnv+"LEASE") == d.lease {
-		for _, p := range filepath.SplitList(os.Getenv(queueEnv + "TEMP_FILES")) {
-			_ = os.Remove(p)
-		}
+		removeFiles(filepath.SplitList(os.Getenv(queueEnv + "TEMP_FILES")))
 	}
 	names := make([]string, len(deliveryVars))
 	for i, n := range deliveryVars {
@@ -184,7 +184,10 @@ _STATE_TXN_ID and _STATE_FENCING_TOKEN name it for 'client update', and its
 committed document is written to RAFTLOCKD_QUEUE_STATE_FILE (empty when it
 has none). With --txn-id (or RAFTLOCKD_CLIENT_TXN_ID) the delivery is
 enlisted in that transaction: committing it acknowledges the message.
-When no message comes within --wait the command fails with "waiting".`,
+When no message comes within --wait the command fails with "waiting". When
+the payload or the state cannot be written, the delivery is handed back to
+the queue (a nack that defers, spending no attempt) and the command fails;
+an enlisted delivery stays leased, since a nack would end its transaction.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			vis, err := parseSeconds(visibility)
@@ -210,11 +213,11 @@ When no message comes within --wait the command fails with "waiting".`,
 			if err != nil {
 				return err
 			}
+			var temp []string // removed by ack and nack
 			path, err := writeFile(payloadFile, "raftlockd-payload-*", d.Payload)
 			if err != nil {
-				return fmt.Errorf("writing the payload (the message stays leased until its lease runs out): %w", err)
+				return handBack(ctx, d, fmt.Errorf("writing the payload: %w", err))
 			}
-			var temp []string // removed by ack and nack
 			if payloadFile == "" {
 				temp = append(temp, path)
 			}
@@ -232,7 +235,8 @@ When no message comes within --wait the command fails with "waiting".`,
 				}
 				statePath, err := writeFile("", "raftlockd-state-*", state)
 				if err != nil {
-					return fmt.Errorf("writing the state: %w", err)
+					removeFiles(temp)
+					return handBack(ctx, d, fmt.Errorf("writing the state: %w", err))
 				}
 				kvs = append(kvs, [2]string{"STATE_KEY", ref.Key}, [2]string{"STATE_LEASE", ref.LeaseID},
 					[2]string{"STATE_TXN_ID", ref.TxnID}, [2]string{"STATE_FENCING_TOKEN", strconv.FormatInt(ref.FencingToken, 10)},
@@ -253,6 +257,28 @@ When no message comes within --wait the command fails with "waiting".`,
 	f.BoolVar(&withState, "with-state", false, "also lease the message's state sidecar")
 	f.StringVar(&payloadFile, "payload-file", "", "write the payload to this file (default: a new temporary file)")
 	return cmd
+}
+
+func removeFiles(paths []string) {
+	for _, p := range paths {
+		_ = os.Remove(p)
+	}
+}
+
+// handBack returns a delivery the command could not hand over (its payload
+// or state could not be written) to the queue without spending an attempt,
+// and reports cause. A delivery enlisted in a transaction stays leased: a
+// nack would roll back the whole transaction.
+func handBack(ctx context.Context, d *client.Delivery, cause error) error {
+	if d.Message.TxnID != "" {
+		return fmt.Errorf("%w (message %s stays leased in transaction %s until its lease runs out or the transaction ends)",
+			cause, d.Message.MessageID, d.Message.TxnID)
+	}
+	if _, err := d.Nack(ctx, wire.NackIntentDefer, 0, nil); err != nil {
+		return fmt.Errorf("%w; handing message %s back failed too, so it stays leased until its lease runs out: %w",
+			cause, d.Message.MessageID, err)
+	}
+	return fmt.Errorf("%w (message %s was handed back to the queue)", cause, d.Message.MessageID)
 }
 
 // writeFile writes data to path, or to a new temporary file named after

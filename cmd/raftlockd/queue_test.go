@@ -94,3 +94,29 @@ echo "LEFT=$(ls "$TMPDIR" | grep -c '^raftlockd-') KEPT=$(cat "$TMPDIR/out")"
 		t.Errorf("stats %q: %+v %v", v["STATS"], st, err)
 	}
 }
+
+// A delivery whose payload the command cannot write is handed back to the
+// queue without spending an attempt, so the next consumer gets it at once
+// instead of after its visibility timeout.
+func TestCLIDequeueHandsBackWhatItCannotWrite(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	out := bash(t, srv.clientEnv("TMPDIR="+t.TempDir()), `
+printf 'kept' | raftlockd client queue enqueue --queue back >/dev/null
+if raftlockd client queue dequeue --queue back --wait -1 --payload-file "$TMPDIR/missing/dir/p" >/dev/null 2>"$TMPDIR/err"; then
+  echo "FIRST=written"
+else
+  echo "FIRST=$(tr -d '\n' < "$TMPDIR/err")"
+fi
+eval "$(raftlockd client queue dequeue --queue back --wait -1)"
+echo "AGAIN=$(cat "$RAFTLOCKD_QUEUE_PAYLOAD_FILE") FAILURES=$RAFTLOCKD_QUEUE_FAILURE_ATTEMPTS"
+eval "$(raftlockd client queue ack)"
+`)
+	v := parseLines(out)
+	if !strings.Contains(v["FIRST"], "was handed back to the queue") {
+		t.Errorf("dequeue into a missing directory: %q", v["FIRST"])
+	}
+	if v["AGAIN"] != "kept FAILURES=0" {
+		t.Errorf("the next dequeue: %q (output:\n%s)", v["AGAIN"], out)
+	}
+}
