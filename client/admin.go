@@ -109,6 +109,12 @@ func (c *Client) RestoreSnapshot(ctx context.Context, src io.ReadSeeker, size in
 	if err != nil {
 		return nil, fmt.Errorf("client: read snapshot: %w", err)
 	}
+	return c.RestoreSnapshotSHA256(ctx, src, size, sum, progress)
+}
+
+// RestoreSnapshotSHA256 is RestoreSnapshot for a caller that knows src's
+// SHA-256 (hex) already, so that src is not read an extra time for it.
+func (c *Client) RestoreSnapshotSHA256(ctx context.Context, src io.ReadSeeker, size int64, sum string, progress Progress) (*wire.RestoreResponse, error) {
 	base := c.base
 	deadline := time.Now().Add(c.retryFor)
 	backoff := 50 * time.Millisecond

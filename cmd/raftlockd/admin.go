@@ -134,7 +134,8 @@ cluster restores exactly FILE's bytes or nothing.`,
 			if err != nil {
 				return err
 			}
-			if err := verifyChecksum(cmd.ErrOrStderr(), args[0], f); err != nil {
+			sum, err := verifyChecksum(cmd.ErrOrStderr(), args[0], f)
+			if err != nil {
 				return err
 			}
 			c, ctx, cancel, err := o.open(cmd)
@@ -144,7 +145,12 @@ cluster restores exactly FILE's bytes or nothing.`,
 			}
 			p := newProgress(cmd.ErrOrStderr(), "sent")
 			var sent atomic.Int64
-			out, err := c.RestoreSnapshot(ctx, f, st.Size(), func(done, total int64) {
+			if sum == "" {
+				if sum, err = client.SHA256Of(f); err != nil {
+					return err
+				}
+			}
+			out, err := c.RestoreSnapshotSHA256(ctx, f, st.Size(), sum, func(done, total int64) {
 				sent.Store(max(sent.Load(), done))
 				p.update(done, total)
 			})
@@ -170,31 +176,32 @@ cluster restores exactly FILE's bytes or nothing.`,
 func checksumFile(path string) string { return path + ".sha256" }
 
 // verifyChecksum checks the snapshot f (at path) against the checksum file
-// next to it, when there is one, and says on w what it did.
-func verifyChecksum(w io.Writer, path string, f io.ReadSeeker) error {
+// next to it, when there is one, says on w what it did and returns the
+// verified SHA-256 ("" without a checksum file).
+func verifyChecksum(w io.Writer, path string, f io.ReadSeeker) (string, error) {
 	raw, err := os.ReadFile(checksumFile(path))
 	if errors.Is(err, fs.ErrNotExist) {
 		fmt.Fprintf(w, "no %s: the snapshot's integrity is not checked\n", checksumFile(path))
-		return nil
+		return "", nil
 	}
 	if err != nil {
-		return err
+		return "", err
 	}
 	fields := strings.Fields(string(raw))
 	if len(fields) == 0 || len(fields[0]) != sha256.Size*2 {
-		return fmt.Errorf("%s does not hold a SHA-256 (want the format of sha256sum)", checksumFile(path))
+		return "", fmt.Errorf("%s does not hold a SHA-256 (want the format of sha256sum)", checksumFile(path))
 	}
 	want := strings.ToLower(fields[0])
 	got, err := client.SHA256Of(f)
 	if err != nil {
-		return err
+		return "", err
 	}
 	if got != want {
-		return fmt.Errorf("%s is damaged: its SHA-256 is %s, but %s says %s; nothing was restored", path, got,
+		return "", fmt.Errorf("%s is damaged: its SHA-256 is %s, but %s says %s; nothing was restored", path, got,
 			checksumFile(path), want)
 	}
 	fmt.Fprintf(w, "%s matches %s\n", path, checksumFile(path))
-	return nil
+	return got, nil
 }
 
 // writeFileAtomic writes path through a temporary file in the same
