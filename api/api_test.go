@@ -611,6 +611,7 @@ func TestProbesAndMetrics(t *testing.T) {
 		`raftlockd_http_requests_total{code="200",endpoint="/v1/acquire"}`,
 		"raftlockd_http_request_seconds_bucket",
 		"raftlockd_raft_apply_batch_entries_bucket",
+		"raftlockd_raft_entry_commands_bucket",
 		"raftlockd_raft_apply_batch_seconds_bucket",
 		"raftlockd_leases_held 1",
 		"raftlockd_raft_is_leader 1",

@@ -316,6 +316,8 @@ raftlockd_raft_log_store_seconds_sum 0.5
 raftlockd_raft_log_store_seconds_count 50
 raftlockd_raft_apply_batch_entries_sum 100
 raftlockd_raft_apply_batch_entries_count 100
+raftlockd_raft_entry_commands_sum 100
+raftlockd_raft_entry_commands_count 100
 raftlockd_http_requests_total{code="200",endpoint="/v1/acquire"} 7 1700000000000
 `))
 	if err != nil {
@@ -336,13 +338,15 @@ raftlockd_http_requests_total{code="200",endpoint="/v1/acquire"} 7 1700000000000
 	after["raftlockd_raft_log_store_seconds_count"] += 100
 	after["raftlockd_raft_apply_batch_entries_sum"] += 300
 	after["raftlockd_raft_apply_batch_entries_count"] += 150
+	after["raftlockd_raft_entry_commands_sum"] += 300 // packed into 120 entries
+	after["raftlockd_raft_entry_commands_count"] += 120
 	s := RaftStatsBetween(before, after, 100)
 	want := &RaftStats{ProposalsPerOp: 3, ProposeMean: 3 * time.Millisecond, LogStoreMean: 2 * time.Millisecond,
-		EntriesPerStore: 3, ApplyBatch: 2}
+		EntriesPerStore: 3, CommandsPerEntry: 2.5, ApplyBatch: 2}
 	if !reflect.DeepEqual(s, want) {
 		t.Fatalf("stats %+v, want %+v", s, want)
 	}
-	if !strings.Contains(s.String(), "3.00 Raft proposals per op") {
+	if !strings.Contains(s.String(), "3.00 Raft proposals per op") || !strings.Contains(s.String(), "2.5 commands per entry") {
 		t.Fatalf("String: %s", s)
 	}
 	if RaftStatsBetween(before, before, 10) != nil {
@@ -391,7 +395,7 @@ func TestExplain(t *testing.T) {
 		t.Fatalf("idle: %s", got)
 	}
 	res.Raft.EntriesPerStore = 8
-	if got := Explain(res, 2); !strings.Contains(got, "8.0 entries per fsync") {
+	if got := Explain(res, 2); !strings.Contains(got, "8.0 commands per fsync") {
 		t.Fatalf("batched: %s", got)
 	}
 	res.Workload, res.OpsPerSec = Handoff, 400

@@ -58,9 +58,12 @@ type RaftStats struct {
 	// ProposeMean: mean time from proposing a command to its result.
 	ProposeMean time.Duration `json:"propose_mean_ns"`
 	// LogStoreMean: mean time to durably append a batch to the leader's
-	// Raft log; EntriesPerStore: proposals per such batch.
+	// Raft log; EntriesPerStore: proposals (commands) per such batch.
 	LogStoreMean    time.Duration `json:"log_store_mean_ns"`
 	EntriesPerStore float64       `json:"entries_per_store"`
+	// CommandsPerEntry: mean commands per log entry the leader proposed
+	// (commands proposed together share one entry); 0 when not reported.
+	CommandsPerEntry float64 `json:"commands_per_entry,omitempty"`
 	// ApplyBatch: mean entries applied to the state machine per batch.
 	ApplyBatch float64 `json:"apply_batch_entries"`
 }
@@ -88,6 +91,9 @@ func RaftStatsBetween(before, after Samples, ops int64) *RaftStats {
 	if stores > 0 {
 		s.EntriesPerStore = proposals / stores
 	}
+	if n := delta("raftlockd_raft_entry_commands_count"); n > 0 {
+		s.CommandsPerEntry = delta("raftlockd_raft_entry_commands_sum") / n
+	}
 	if n := delta("raftlockd_raft_apply_batch_entries_count"); n > 0 {
 		s.ApplyBatch = delta("raftlockd_raft_apply_batch_entries_sum") / n
 	}
@@ -97,8 +103,8 @@ func RaftStatsBetween(before, after Samples, ops int64) *RaftStats {
 // String describes the stats in one line.
 func (s *RaftStats) String() string {
 	return fmt.Sprintf("%.2f Raft proposals per op, propose (replicate + apply) mean %s, leader log append (fsync) mean %s "+
-		"for %.1f entries per append, %.1f entries per apply batch",
-		s.ProposalsPerOp, ms(s.ProposeMean), ms(s.LogStoreMean), s.EntriesPerStore, s.ApplyBatch)
+		"for %.1f commands per append, %.1f commands per entry, %.1f entries per apply batch",
+		s.ProposalsPerOp, ms(s.ProposeMean), ms(s.LogStoreMean), s.EntriesPerStore, s.CommandsPerEntry, s.ApplyBatch)
 }
 
 // clockTicks is USER_HZ, the unit of the CPU times in /proc/<pid>/stat
@@ -192,7 +198,7 @@ func Explain(res Result, cores int) string {
 			"append with fsync: %s): about %s of the %s p50.", r.ProposalsPerOp, ms(r.ProposeMean), ms(r.LogStoreMean),
 			ms(time.Duration(r.ProposalsPerOp*float64(r.ProposeMean))), ms(res.P50))
 		if r.EntriesPerStore >= 1.5 {
-			fmt.Fprintf(&b, " The leader appends %.1f entries per fsync, so most of a command's time is waiting "+
+			fmt.Fprintf(&b, " The leader appends %.1f commands per fsync, so most of a command's time is waiting "+
 				"behind the batches before it.", r.EntriesPerStore)
 		}
 	}

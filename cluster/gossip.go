@@ -19,6 +19,8 @@ import (
 
 	"github.com/hashicorp/memberlist"
 	"github.com/hashicorp/raft"
+
+	"github.com/raftlockd/raftlockd/fsm"
 )
 
 // GossipConfig turns on discovery with memberlist.
@@ -79,8 +81,9 @@ type memberMeta struct {
 	Raft    string `json:"raft"`
 	Backend string `json:"backend,omitempty"`
 	Expect  int    `json:"expect"`
-	State   bool   `json:"state"`         // has Raft state: belongs to a cluster
-	Run     string `json:"run,omitempty"` // random per process start: tells a restart from an update
+	State   bool   `json:"state"`            // has Raft state: belongs to a cluster
+	Run     string `json:"run,omitempty"`    // random per process start: tells a restart from an update
+	Format  int    `json:"format,omitempty"` // newest Raft entry format the node applies (fsm.EntryFormat)
 }
 
 // Member is a server as gossip knows it.
@@ -130,7 +133,7 @@ func startGossip(n *Node, cfg GossipConfig) (*gossip, error) {
 		done: make(chan struct{})}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.self.Store(&memberMeta{ID: n.cfg.NodeID, API: cfg.APIEndpoint, Raft: n.RaftAddr(), Expect: cfg.BootstrapExpect,
-		State: n.HasState(), Backend: n.fsm.BackendHash(), Run: newBackendHash()})
+		State: n.HasState(), Backend: n.fsm.BackendHash(), Run: newBackendHash(), Format: fsm.EntryFormat})
 
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = n.cfg.NodeID
@@ -563,6 +566,7 @@ func (g *gossip) refreshLoop() {
 		case <-t.C:
 			g.refresh()
 			g.noteRemovals()
+			g.notePacking()
 		}
 	}
 }
@@ -593,6 +597,32 @@ func (g *gossip) noteRemovals() {
 		}
 	}
 	g.config = cur
+}
+
+// notePacking lets the leader pack commands into one entry
+// (fsm.EncodePacked) only while every server of the latest configuration
+// announces that it applies such entries: during a rolling upgrade, a
+// server still on an older build would otherwise meet an entry it cannot
+// read.
+func (g *gossip) notePacking() {
+	cf := g.n.raft.GetConfiguration()
+	if cf.Error() != nil {
+		g.n.packOK.Store(false)
+		return
+	}
+	all := true
+	g.mu.Lock()
+	for _, s := range cf.Configuration().Servers {
+		if string(s.ID) == g.n.cfg.NodeID {
+			continue
+		}
+		if m := g.members[string(s.ID)]; m == nil || m.meta.Format < fsm.EntryFormat {
+			all = false
+			break
+		}
+	}
+	g.mu.Unlock()
+	g.n.packOK.Store(all)
 }
 
 func (g *gossip) refresh() {

@@ -11,6 +11,7 @@ import (
 
 type nodeMetrics struct {
 	applyBatch     prometheus.Histogram
+	entryCommands  prometheus.Histogram
 	applySeconds   prometheus.Histogram
 	proposeSeconds prometheus.Histogram
 	leaderChanges  prometheus.Counter
@@ -23,6 +24,9 @@ func newNodeMetrics(reg prometheus.Registerer, n *Node) *nodeMetrics {
 	m := &nodeMetrics{
 		applyBatch: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "raftlockd_raft_apply_batch_entries", Help: "Log entries applied per state machine batch.",
+			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512}}),
+		entryCommands: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "raftlockd_raft_entry_commands", Help: "Commands per log entry the leader proposed (commands proposed together are packed into one entry).",
 			Buckets: []float64{1, 2, 4, 8, 16, 32, 64, 128, 256, 512}}),
 		applySeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "raftlockd_raft_apply_batch_seconds", Help: "Time to apply one batch to the state machine.",
@@ -43,7 +47,7 @@ func newNodeMetrics(reg prometheus.Registerer, n *Node) *nodeMetrics {
 	if reg == nil {
 		return m
 	}
-	reg.MustRegister(m.applyBatch, m.applySeconds, m.proposeSeconds, m.leaderChanges, m.storeSeconds, m.forwarded, m.grantsPushed,
+	reg.MustRegister(m.applyBatch, m.entryCommands, m.applySeconds, m.proposeSeconds, m.leaderChanges, m.storeSeconds, m.forwarded, m.grantsPushed,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "raftlockd_raft_is_leader", Help: "1 when this node leads."},
 			func() float64 {
 				if n.IsLeader() {
@@ -68,10 +72,12 @@ func newNodeMetrics(reg prometheus.Registerer, n *Node) *nodeMetrics {
 // itself never reads a clock.
 type instrumentedFSM struct {
 	*fsm.FSM
-	m *nodeMetrics
+	m       *nodeMetrics
+	reached func(logs []*raft.Log) // told of every batch as it begins (packer)
 }
 
 func (i *instrumentedFSM) ApplyBatch(logs []*raft.Log) []interface{} {
+	i.reached(logs)
 	start := time.Now()
 	out := i.FSM.ApplyBatch(logs)
 	i.m.applySeconds.Observe(time.Since(start).Seconds())

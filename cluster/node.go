@@ -130,6 +130,8 @@ type Node struct {
 	peers     *peers
 	gossip    *gossip
 	metrics   *nodeMetrics
+	packer    *packer
+	packOK    atomic.Bool // every server applies packed entries (gossip.notePacking)
 	dir       atomic.Pointer[Directory]
 
 	leader    atomic.Bool
@@ -187,6 +189,11 @@ func Open(cfg Config) (_ *Node, err error) {
 	}()
 	n.clocks = newClockSync(cfg.Clock, cfg.Logger.With("component", "clock"))
 	n.metrics = newNodeMetrics(cfg.Registerer, n)
+	n.packer = &packer{maxSize: maxPackedBytes, packs: n.packOK.Load,
+		sent: func(commands int) { n.metrics.entryCommands.Observe(float64(commands)) },
+		send: func(data []byte, timeout time.Duration) (raft.Future, error) {
+			return n.await(func() raft.Future { return n.raft.Apply(data, timeout) })
+		}}
 	cfg.FSM.Logger = cfg.Logger
 	grants := newGrantPusher(n)
 	cfg.FSM.Observers = append(slices.Clip(cfg.FSM.Observers), grants)
@@ -309,7 +316,7 @@ func Open(cfg Config) (_ *Node, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
-	n.raft, err = raft.NewRaft(rc, &instrumentedFSM{FSM: n.fsm, m: n.metrics}, logs, n.store, snaps, n.transport)
+	n.raft, err = raft.NewRaft(rc, &instrumentedFSM{FSM: n.fsm, m: n.metrics, reached: n.packer.reached}, logs, n.store, snaps, n.transport)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: start raft: %w", err)
 	}

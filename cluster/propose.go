@@ -167,6 +167,9 @@ func sleepCtx(ctx context.Context, done <-chan struct{}, d time.Duration) bool {
 	}
 }
 
+// maxPackedBytes bounds the commands the leader packs into one entry.
+const maxPackedBytes = 1 << 20
+
 // proposeLocal replicates cmd through this node, which must lead. The
 // command is stamped with the leader's clock.
 func (n *Node) proposeLocal(ctx context.Context, cmd *fsm.Command) (*fsm.Result, error) {
@@ -175,17 +178,13 @@ func (n *Node) proposeLocal(ctx context.Context, cmd *fsm.Command) (*fsm.Result,
 	if err != nil {
 		return nil, err
 	}
-	timeout := 10 * time.Second
-	if d, ok := ctx.Deadline(); ok {
-		timeout = max(time.Until(d), time.Millisecond)
-	}
 	start := time.Now()
-	f, err := n.await(func() raft.Future { return n.raft.Apply(data, timeout) })
+	resp, err := n.packer.propose(ctx, data)
 	if err != nil {
 		return nil, err
 	}
 	n.metrics.proposeSeconds.Observe(time.Since(start).Seconds())
-	res, ok := f.(raft.ApplyFuture).Response().(*fsm.Result)
+	res, ok := resp.(*fsm.Result)
 	if !ok || res == nil {
 		return nil, errcode.Internal.With("state machine gave no result for %s", cmd.Op)
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 
 	bolt "go.etcd.io/bbolt"
@@ -74,9 +75,31 @@ func (s *applyState) del(bucket, key []byte) { must(s.b(bucket).Delete(key)) }
 
 func (s *applyState) emit(e Event) { s.events = append(s.events, e) }
 
-// apply runs one decoded log entry. The replicated clock only moves forward:
+// applyEntry applies the command, or the packed commands, of one entry.
+func (s *applyState) applyEntry(data []byte) interface{} {
+	if len(data) == 0 || data[0] != formatPacked {
+		return s.apply(data)
+	}
+	cmds, err := unpack(data)
+	if err != nil {
+		return fail(err.(*errcode.Error))
+	}
+	out := make(Results, len(cmds))
+	for i, c := range cmds {
+		out[i] = s.apply(c)
+	}
+	return out
+}
+
+// apply runs one encoded command. The replicated clock only moves forward:
 // a leader whose wall clock is behind its predecessor's does not rewind it.
+// A command of a format newer than this build's was written by a newer
+// leader: applying it as malformed would leave this node's state behind
+// the others', so the batch fails and the node stops.
 func (s *applyState) apply(data []byte) *Result {
+	if len(data) > 0 && data[0] > EntryFormat {
+		panic(storageFailure{fmt.Errorf("entry format %d is newer than this build's (%d): upgrade this node", data[0], EntryFormat)})
+	}
 	c, err := Decode(data)
 	if err != nil {
 		return fail(err.(*errcode.Error))

@@ -347,7 +347,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 			}
 			if l.Type == raft.LogCommand {
 				s.term = l.Term
-				out[i] = s.apply(l.Data)
+				out[i] = s.applyEntry(l.Data)
 			}
 			last, lastTerm = l.Index, l.Term
 		}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -556,6 +557,7 @@ func TestSameLogSameState(t *testing.T) {
 	g := newGen(seed)
 	a := openHarness(t, t.TempDir())
 	var logs []*raft.Log
+	var answers [][]byte
 	now := int64(1_000_000)
 	for i := 0; i < 2000; i++ {
 		now += g.rng.Int64N(400)
@@ -563,7 +565,9 @@ func TestSameLogSameState(t *testing.T) {
 		c.Now = now
 		l := logOf(t, uint64(i+1), c)
 		logs = append(logs, l)
-		g.learn(a.f.ApplyBatch([]*raft.Log{l})[0].(*Result))
+		r := a.f.ApplyBatch([]*raft.Log{l})[0].(*Result)
+		g.learn(r)
+		answers = append(answers, mustJSON(t, r))
 	}
 	b := openHarness(t, t.TempDir())
 	rng := rand.New(rand.NewPCG(uint64(seed), 7))
@@ -577,6 +581,67 @@ func TestSameLogSameState(t *testing.T) {
 	}
 	if !bytes.Equal(a.hash(), b.hash()) {
 		t.Fatalf("seed %d: state differs between one-by-one and batched apply", seed)
+	}
+
+	// The same commands packed into entries (EncodePacked), several entries
+	// per batch: the same state, and every command the same answer.
+	c := openHarness(t, t.TempDir())
+	var packed []*raft.Log
+	var first []int // index into logs of each packed entry's first command
+	for i := 0; i < len(logs); {
+		n := min(1+rng.IntN(40), len(logs)-i)
+		cmds := make([][]byte, n)
+		for j := range cmds {
+			cmds[j] = logs[i+j].Data
+		}
+		packed = append(packed, &raft.Log{Index: uint64(len(packed) + 1), Term: 1, Type: raft.LogCommand, Data: EncodePacked(cmds)})
+		first = append(first, i)
+		i += n
+	}
+	for i := 0; i < len(packed); {
+		n := min(1+rng.IntN(8), len(packed)-i)
+		for j, out := range c.f.ApplyBatch(packed[i : i+n]) {
+			for k, r := range out.(Results) {
+				at := first[i+j] + k
+				if got := mustJSON(t, r); !bytes.Equal(got, answers[at]) {
+					t.Fatalf("seed %d: command %d answered %s packed, %s alone", seed, at, got, answers[at])
+				}
+			}
+		}
+		i += n
+	}
+	if !bytes.Equal(a.hashWithoutMeta(), c.hashWithoutMeta()) {
+		t.Fatalf("seed %d: state differs between one command per entry and packed entries", seed)
+	}
+}
+
+func mustJSON(t testing.TB, v any) []byte {
+	t.Helper()
+	raw, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return raw
+}
+
+// An entry of a format newer than this build's comes from a newer leader:
+// the node stops instead of recording it as malformed, which the newer
+// nodes would not do.
+func TestANewerEntryFormatStopsTheNode(t *testing.T) {
+	for _, data := range [][]byte{{EntryFormat + 1, '{', '}', '\n'}, EncodePacked([][]byte{{EntryFormat + 1}})} {
+		var fatal error
+		f, err := Open(filepath.Join(t.TempDir(), "state.db"), Options{Fatal: func(err error) { fatal = err }})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.ApplyBatch([]*raft.Log{{Index: 1, Term: 1, Type: raft.LogCommand, Data: data}})
+		if fatal == nil || !strings.Contains(fatal.Error(), "newer") {
+			t.Fatalf("%q: the node did not stop (%v)", data, fatal)
+		}
+		if f.Applied() != 0 {
+			t.Fatalf("%q: applied index moved to %d", data, f.Applied())
+		}
+		_ = f.Close()
 	}
 }
 
@@ -798,12 +863,19 @@ func TestStorageFailureStopsTheNode(t *testing.T) {
 
 func TestMalformedEntriesAreRejectedDeterministically(t *testing.T) {
 	h := openHarness(t, t.TempDir())
-	for _, data := range [][]byte{nil, {9}, {formatV1}, []byte("\x01{}\n"), []byte("\x01{\"op\":\"acquire\"}\n"),
-		[]byte("\x01{\"op\":\"nope\",\"sweep\":{\"limit\":1}}\n"), []byte("\x01{\"op\":\"sweep\",\"sweep\":{\"limit\":1}}\nxx")} {
+	sweepCmd, _ := Encode(sweep())
+	for _, data := range [][]byte{nil, {0}, {formatV1}, []byte("\x01{}\n"), []byte("\x01{\"op\":\"acquire\"}\n"),
+		[]byte("\x01{\"op\":\"nope\",\"sweep\":{\"limit\":1}}\n"), []byte("\x01{\"op\":\"sweep\",\"sweep\":{\"limit\":1}}\nxx"),
+		{formatPacked}, {formatPacked, 0}, {formatPacked, 1}, {formatPacked, 1, 5, 'x'}, {formatPacked, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff},
+		append(EncodePacked([][]byte{sweepCmd}), 0), EncodePacked([][]byte{EncodePacked([][]byte{sweepCmd})})} {
 		h.index++
 		before := h.hashWithoutMeta()
-		r := h.f.ApplyBatch([]*raft.Log{{Index: h.index, Term: 1, Type: raft.LogCommand, Data: data}})[0].(*Result)
-		if r.Err == nil {
+		out := h.f.ApplyBatch([]*raft.Log{{Index: h.index, Term: 1, Type: raft.LogCommand, Data: data}})[0]
+		r, ok := out.(*Result)
+		if rs, packed := out.(Results); packed && len(rs) == 1 {
+			r, ok = rs[0], true
+		}
+		if !ok || r.Err == nil {
 			t.Fatalf("%q accepted", data)
 		}
 		if !bytes.Equal(before, h.hashWithoutMeta()) {
@@ -817,13 +889,16 @@ func TestMalformedEntriesAreRejectedDeterministically(t *testing.T) {
 // transactions (fuzzPrelude): nothing panics, a rejected entry changes no
 // bucket and the cross-bucket invariants hold afterwards.
 func FuzzDecode(f *testing.F) {
+	var all [][]byte
 	for _, c := range fuzzSeeds() {
 		data, err := Encode(c)
 		if err != nil {
 			f.Fatal(err)
 		}
 		f.Add(data)
+		all = append(all, data)
 	}
+	f.Add(EncodePacked(all))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		c, decErr := Decode(data)
 		if decErr == nil {
@@ -841,9 +916,17 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("prelude step %d: %v", i, r.Err)
 			}
 		}
+		if len(data) > 0 && data[0] > EntryFormat {
+			return // a newer format stops the node: TestANewerEntryFormatStopsTheNode
+		}
 		before := h.hashWithoutMeta()
 		h.index++
-		r := h.f.ApplyBatch([]*raft.Log{{Index: h.index, Term: 1, Type: raft.LogCommand, Data: data}})[0].(*Result)
+		out := h.f.ApplyBatch([]*raft.Log{{Index: h.index, Term: 1, Type: raft.LogCommand, Data: data}})[0]
+		if rs, packed := out.(Results); packed {
+			samePackedOrNot(t, data, rs, h)
+			return
+		}
+		r := out.(*Result)
 		if decErr != nil && r.Err == nil {
 			t.Fatalf("an entry Decode rejects (%v) was applied", decErr)
 		}
@@ -854,6 +937,37 @@ func FuzzDecode(f *testing.F) {
 			t.Fatalf("after %v: %v", r.Err, err)
 		}
 	})
+}
+
+// samePackedOrNot applies the commands of the packed entry data, each as an
+// entry of its own, to a second state machine with the fuzz prelude, and
+// fails unless every answer and the state are those packed gave (rs, h).
+func samePackedOrNot(t *testing.T, data []byte, rs Results, h *harness) {
+	t.Helper()
+	cmds, err := unpack(data)
+	if err != nil || len(cmds) != len(rs) {
+		t.Fatalf("packed entry answered %d results for %d commands (%v)", len(rs), len(cmds), err)
+	}
+	for _, c := range cmds {
+		if len(c) > 0 && c[0] > EntryFormat {
+			t.Fatalf("a command of a newer format inside a packed entry was applied")
+		}
+	}
+	alone := openHarness(t, fuzzDir(t))
+	alone.run(fuzzPrelude()...)
+	for i, c := range cmds {
+		alone.index++
+		r := alone.f.ApplyBatch([]*raft.Log{{Index: alone.index, Term: 1, Type: raft.LogCommand, Data: c}})[0].(*Result)
+		if !bytes.Equal(mustJSON(t, r), mustJSON(t, rs[i])) {
+			t.Fatalf("command %d answered %s alone, %s packed", i, mustJSON(t, r), mustJSON(t, rs[i]))
+		}
+	}
+	if !bytes.Equal(alone.hashWithoutMeta(), h.hashWithoutMeta()) {
+		t.Fatal("packed and unpacked commands left different states")
+	}
+	if err := invariants(h); err != nil {
+		t.Fatal(err)
+	}
 }
 
 func (h *harness) hashWithoutMeta() []byte {

@@ -113,6 +113,10 @@ type Observer interface {
 
 func fail(e *errcode.Error) *Result { return &Result{Err: e} }
 
+// Results answers a packed entry (EncodePacked): the result of each of its
+// commands, in order.
+type Results []*Result
+
 func leaseInfo(ns, key string, rec *KeyRecord) *LeaseInfo {
 	l := rec.Lease
 	return &LeaseInfo{
