@@ -933,3 +933,63 @@ func TestQueueSubscribeWindowFreesASlotForAnyFinishedDelivery(t *testing.T) {
 		t.Fatalf("the stream went on with %q", p)
 	}
 }
+
+// cutDeliveries answers every dequeue with its payload cut short, as a
+// connection that breaks after the delivery's meta part arrived would.
+type cutDeliveries struct{ http.RoundTripper }
+
+func (c cutDeliveries) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := c.RoundTripper.RoundTrip(r)
+	if err != nil || !strings.HasPrefix(r.URL.Path, "/v1/queue/dequeue") {
+		return resp, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
+	at := bytes.Index(body, []byte(`name="`+wire.PartPayload+`"`))
+	if at < 0 {
+		return nil, fmt.Errorf("no payload part in %q", body)
+	}
+	resp.Body = io.NopCloser(io.MultiReader(bytes.NewReader(body[:at+100]), errReader{io.ErrUnexpectedEOF}))
+	resp.ContentLength = -1
+	return resp, nil
+}
+
+type errReader struct{ err error }
+
+func (r errReader) Read([]byte) (int, error) { return 0, r.err }
+
+// A dequeue whose answer breaks off after the delivery was leased to it
+// hands the message back: the next consumer gets it at once, not when the
+// lease runs out, and no attempt was spent on it.
+func TestClientHandsBackADeliveryItCouldNotRead(t *testing.T) {
+	e := newEnv(t)
+	sent := e.enqueue("cut", strings.Repeat("p", 4096))
+	hc := *e.hc
+	hc.Transport = cutDeliveries{e.hc.Transport}
+	c, err := client.New(e.url, client.WithRetry(0), client.WithHTTPClient(&hc))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, withState := range []bool{false, true} {
+		dequeue := c.Dequeue
+		if withState {
+			dequeue = c.DequeueWithState
+		}
+		_, err = dequeue(testCtx(t), wire.DequeueRequest{Queue: "cut", Owner: "w", WaitSeconds: wire.BlockNoWait})
+		if !errors.Is(err, io.ErrUnexpectedEOF) || !strings.Contains(err.Error(), "handed back") {
+			t.Fatalf("with state %v: dequeue answered %v", withState, err)
+		}
+		next := e.dequeueOne("cut")
+		if m := next.meta.Message; m.MessageID != sent.MessageID || m.FailureAttempts != 0 || string(next.payload) != strings.Repeat("p", 4096) {
+			t.Fatalf("with state %v: the next consumer got %+v", withState, m)
+		}
+		if r := e.post("/v1/queue/nack", nil, map[string]any{"queue": "cut", "message_id": next.meta.Message.MessageID,
+			"lease_id": next.meta.Message.LeaseID, "fencing_token": next.meta.Message.FencingToken,
+			"meta_etag": next.meta.Message.MetaETag, "intent": wire.NackIntentDefer}); r.status != http.StatusOK {
+			t.Fatalf("nack: %d %s", r.status, r.body)
+		}
+	}
+}

@@ -173,10 +173,39 @@ func (c *Client) dequeue(ctx context.Context, path string, req wire.DequeueReque
 	}
 	defer resp.Body.Close()
 	d, err := dr.next()
-	if errors.Is(err, io.EOF) {
+	switch {
+	case err != nil && d != nil:
+		// Leased to this call, but not all of it arrived.
+		return nil, d.HandBack(ctx, err)
+	case errors.Is(err, io.EOF):
 		return nil, fmt.Errorf("client: %s: the answer holds no delivery", path)
 	}
 	return d, err
+}
+
+// handBackTimeout bounds a hand-back made after its caller's context ended.
+const handBackTimeout = 5 * time.Second
+
+// HandBack returns a delivery this consumer will not process to its queue
+// at once, without spending an attempt (a nack with intent defer), instead
+// of leaving it leased until its lease runs out. cause, why it is handed
+// back, is wrapped in the error HandBack always answers, which also says
+// what became of the delivery. A delivery enlisted in a transaction
+// (Message.TxnID) is not handed back: a nack would roll the whole
+// transaction back. The nack is made even when ctx has ended, within a few
+// seconds.
+func (d *Delivery) HandBack(ctx context.Context, cause error) error {
+	if d.Message.TxnID != "" {
+		return fmt.Errorf("%w (message %s stays leased in transaction %s until its lease runs out or the transaction ends)",
+			cause, d.Message.MessageID, d.Message.TxnID)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handBackTimeout)
+	defer cancel()
+	if _, err := d.Nack(ctx, wire.NackIntentDefer, 0, nil); err != nil {
+		return fmt.Errorf("%w; handing message %s back failed too, so it stays leased until its lease runs out: %w",
+			cause, d.Message.MessageID, err)
+	}
+	return fmt.Errorf("%w (message %s was handed back to the queue)", cause, d.Message.MessageID)
 }
 
 func (c *Client) openDeliveries(ctx context.Context, path string, req wire.DequeueRequest, withState bool) (*http.Response, *deliveryReader, error) {
@@ -218,7 +247,9 @@ func (r *deliveryReader) part(name string) (*multipart.Part, error) {
 	return p, nil
 }
 
-// next returns the next delivery, or io.EOF at the end of the answer.
+// next returns the next delivery, or io.EOF at the end of the answer. When
+// a delivery's meta part arrived (so it is leased) but the rest failed, it
+// answers the delivery so far along with the error.
 func (r *deliveryReader) next() (*Delivery, error) {
 	var meta wire.DequeueResponse
 	for meta.Message == nil {
@@ -241,18 +272,18 @@ func (r *deliveryReader) next() (*Delivery, error) {
 		d.Payload, err = readPart(p)
 	}
 	if err != nil {
-		return nil, fmt.Errorf("client: read payload: %w", err)
+		return d, fmt.Errorf("client: read payload: %w", err)
 	}
 	if !r.withState {
 		return d, nil
 	}
 	if p, err = r.part(wire.PartState); err != nil {
-		return nil, fmt.Errorf("client: read state: %w", err)
+		return d, fmt.Errorf("client: read state: %w", err)
 	}
 	doc := &Document{ETag: strings.Trim(p.Header.Get(wire.HeaderETag), `"`)}
 	doc.Version, _ = strconv.ParseInt(p.Header.Get(wire.HeaderKeyVersion), 10, 64)
 	if doc.Body, err = readPart(p); err != nil {
-		return nil, fmt.Errorf("client: read state: %w", err)
+		return d, fmt.Errorf("client: read state: %w", err)
 	}
 	doc.Exists = doc.ETag != ""
 	d.State = doc

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -12,7 +11,6 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/raftlockd/raftlockd/client"
 	"github.com/raftlockd/raftlockd/wire"
 )
 
@@ -216,7 +214,7 @@ an enlisted delivery stays leased, since a nack would end its transaction.`,
 			var temp []string // removed by ack and nack
 			path, err := writeFile(payloadFile, "raftlockd-payload-*", d.Payload)
 			if err != nil {
-				return handBack(ctx, d, fmt.Errorf("writing the payload: %w", err))
+				return d.HandBack(ctx, fmt.Errorf("writing the payload: %w", err))
 			}
 			if payloadFile == "" {
 				temp = append(temp, path)
@@ -236,7 +234,7 @@ an enlisted delivery stays leased, since a nack would end its transaction.`,
 				statePath, err := writeFile("", "raftlockd-state-*", state)
 				if err != nil {
 					removeFiles(temp)
-					return handBack(ctx, d, fmt.Errorf("writing the state: %w", err))
+					return d.HandBack(ctx, fmt.Errorf("writing the state: %w", err))
 				}
 				kvs = append(kvs, [2]string{"STATE_KEY", ref.Key}, [2]string{"STATE_LEASE", ref.LeaseID},
 					[2]string{"STATE_TXN_ID", ref.TxnID}, [2]string{"STATE_FENCING_TOKEN", strconv.FormatInt(ref.FencingToken, 10)},
@@ -263,22 +261,6 @@ func removeFiles(paths []string) {
 	for _, p := range paths {
 		_ = os.Remove(p)
 	}
-}
-
-// handBack returns a delivery the command could not hand over (its payload
-// or state could not be written) to the queue without spending an attempt,
-// and reports cause. A delivery enlisted in a transaction stays leased: a
-// nack would roll back the whole transaction.
-func handBack(ctx context.Context, d *client.Delivery, cause error) error {
-	if d.Message.TxnID != "" {
-		return fmt.Errorf("%w (message %s stays leased in transaction %s until its lease runs out or the transaction ends)",
-			cause, d.Message.MessageID, d.Message.TxnID)
-	}
-	if _, err := d.Nack(ctx, wire.NackIntentDefer, 0, nil); err != nil {
-		return fmt.Errorf("%w; handing message %s back failed too, so it stays leased until its lease runs out: %w",
-			cause, d.Message.MessageID, err)
-	}
-	return fmt.Errorf("%w (message %s was handed back to the queue)", cause, d.Message.MessageID)
 }
 
 // writeFile writes data to path, or to a new temporary file named after
