@@ -312,7 +312,8 @@ func readPart(p *multipart.Part) ([]byte, error) {
 // with req.WaitSeconds wire.BlockNoWait it returns nil once nothing is
 // ready. A stream that breaks off (its server crashed or restarted) is
 // opened again. Every delivery is leased like a dequeued one: fn acks or
-// nacks it.
+// nacks it. A delivery that arrived when ctx ended, and so never reaches
+// fn, is handed back (Delivery.HandBack).
 func (c *Client) Subscribe(ctx context.Context, req wire.DequeueRequest, fn func(*Delivery) error) error {
 	return c.subscribe(ctx, "/v1/queue/subscribe", req, false, fn)
 }
@@ -390,6 +391,10 @@ func (c *Client) drain(ctx context.Context, dr *deliveryReader, fn func(*Deliver
 		case err == io.EOF: //nolint:errorlint // next answers the closing boundary with the bare io.EOF
 			return nil
 		case ctx.Err() != nil:
+			if d != nil {
+				// Leased to this subscription, but fn will not see it.
+				_ = d.HandBack(ctx, ctx.Err())
+			}
 			return ctx.Err()
 		case err != nil:
 			return &streamError{err}
