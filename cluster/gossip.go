@@ -565,8 +565,9 @@ func (g *gossip) refreshLoop() {
 			return
 		case <-t.C:
 			g.refresh()
-			g.noteRemovals()
-			g.notePacking()
+			cf := g.n.raft.GetConfiguration()
+			g.noteRemovalsIn(cf)
+			g.notePacking(cf)
 		}
 	}
 }
@@ -579,8 +580,9 @@ func (g *gossip) refreshLoop() {
 //
 // Only a committed configuration counts: one a new leader may still
 // discard would make a server that is being added look removed.
-func (g *gossip) noteRemovals() {
-	cf := g.n.raft.GetConfiguration()
+func (g *gossip) noteRemovals() { g.noteRemovalsIn(g.n.raft.GetConfiguration()) }
+
+func (g *gossip) noteRemovalsIn(cf raft.ConfigurationFuture) {
 	if cf.Error() != nil || cf.Index() > g.n.raft.AppliedIndex() {
 		return
 	}
@@ -604,8 +606,7 @@ func (g *gossip) noteRemovals() {
 // announces that it applies such entries: during a rolling upgrade, a
 // server still on an older build would otherwise meet an entry it cannot
 // read.
-func (g *gossip) notePacking() {
-	cf := g.n.raft.GetConfiguration()
+func (g *gossip) notePacking(cf raft.ConfigurationFuture) {
 	if cf.Error() != nil {
 		g.n.packOK.Store(false)
 		return
