@@ -98,14 +98,21 @@ func (r *recordingRemote) to(at string) []passedChange {
 	return out
 }
 
+// islandA is a coordinator of island a (endpoint https://a1) over a state
+// machine at now, recording what it sends to other islands.
+func islandA(t *testing.T, now time.Time) (*Coordinator, *applyStore, *recordingRemote) {
+	t.Helper()
+	store := newApplyStore(t, now)
+	remote := &recordingRemote{}
+	return New(store, fixedIsland{"a", []string{"https://a1"}}, remote, store, Config{FanoutAttempts: 1}), store, remote
+}
+
 // The registry sync tells every island each endpoint with the time it was
 // registered and each removal record with the time of the removal; an
 // island is told only the removals of its own endpoints.
 func TestSyncRegistryPassesOnTimesAndRemovals(t *testing.T) {
 	now := time.UnixMilli(50_000_000)
-	store := newApplyStore(t, now)
-	remote := &recordingRemote{}
-	c := New(store, fixedIsland{"a", []string{"https://a1"}}, remote, store, Config{FanoutAttempts: 1})
+	c, store, remote := islandA(t, now)
 	ctx := context.Background()
 	for _, ch := range []fsm.RMRegisterCmd{
 		{Backend: "b", Endpoint: "https://b1", PassedOn: true, ChangedAt: 1_000},
@@ -147,9 +154,7 @@ func TestSyncRegistryPassesOnTimesAndRemovals(t *testing.T) {
 // time, which wins over the removal everywhere.
 func TestSyncRegistryRegistersALiveMemberAgainAfterARemoval(t *testing.T) {
 	now := time.UnixMilli(50_000_000)
-	store := newApplyStore(t, now)
-	remote := &recordingRemote{}
-	c := New(store, fixedIsland{"a", []string{"https://a1"}}, remote, store, Config{FanoutAttempts: 1})
+	c, store, _ := islandA(t, now)
 	ctx := context.Background()
 	if err := c.SyncRegistry(ctx); err != nil {
 		t.Fatal(err)
@@ -189,9 +194,7 @@ func equalCalls(a, b []passedChange) bool {
 // already, and passed on further.
 func TestRegisterPassesOnTheRecordedTime(t *testing.T) {
 	now := time.UnixMilli(50_000_000)
-	store := newApplyStore(t, now)
-	remote := &recordingRemote{}
-	c := New(store, fixedIsland{"a", []string{"https://a1"}}, remote, store, Config{FanoutAttempts: 1})
+	c, store, remote := islandA(t, now)
 	ctx := context.Background()
 	if _, err := c.Register(ctx, fsm.RMRegisterCmd{Backend: "b", Endpoint: "https://b1", PassedOn: true, ChangedAt: 1_000}); err != nil {
 		t.Fatal(err)
