@@ -196,6 +196,14 @@ func TestLeaveShrinksTheVoterSet(t *testing.T) {
 		t.Fatalf("the last voter's leave: %v, want last_voter", err)
 	}
 	commit(t, acquire(t, c.RetryingClient(next), "alone", 30), `{"alone":true}`)
+
+	// Leaving is not forever: started again with its data, a server that
+	// left rejoins as any restarted server does.
+	c.Start(l)
+	testutil.WaitFor(t, 30*time.Second, "the restarted server to be a voter again", func() bool {
+		return slices.Contains(voters(c.servers(next)), names[l])
+	})
+	c.WaitConverged(20 * time.Second)
 }
 
 // A follower cut off from the leader answers stale reads from its own
