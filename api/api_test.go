@@ -230,6 +230,9 @@ func TestAcquireRejectsBadInput(t *testing.T) {
 		{"dotted capital I namespace", `{"key":"a","owner":"o","namespace":"\u0130"}`, "", nil, 400, "invalid_namespace"},
 		{"kelvin sign namespace", `{"key":"a","owner":"o","namespace":"\u212a"}`, "", nil, 400, "invalid_namespace"},
 		{"control char key", `{"key":"a\u0000b","owner":"o"}`, "", nil, 400, "invalid_key"},
+		// Not turned into U+FFFD, which would make it another request's key.
+		{"invalid UTF-8 key", "{\"key\":\"a\xffb\",\"owner\":\"o\"}", "", nil, 400, "invalid_body"},
+		{"invalid UTF-8 owner", "{\"key\":\"a\",\"owner\":\"o\xff\"}", "", nil, 400, "invalid_body"},
 		{"long key", `{"key":"` + strings.Repeat("k", 600) + `","owner":"o"}`, "", nil, 400, "invalid_key"},
 		{"message-shaped key", `{"key":"q/jobs/msg/m1","owner":"o"}`, "", nil, 400, "invalid_key"},
 		{"oversize body", `{"key":"a","owner":"` + strings.Repeat("o", 70<<10) + `"}`, "", nil, 413, "request_too_large"},
@@ -633,6 +636,14 @@ func TestGetEndpointsAnswerHEAD(t *testing.T) {
 		if r.status != http.StatusOK || len(r.body) != 0 {
 			t.Errorf("HEAD %s: %d %q, want 200 without a body", p, r.status, r.body)
 		}
+	}
+	// A snapshot's size, index and checksum, without its bytes.
+	full := e.operator().do(http.MethodGet, "/v1/cluster/snapshot", nil, "")
+	head := e.operator().do(http.MethodHead, "/v1/cluster/snapshot", nil, "")
+	if head.status != http.StatusOK || len(head.body) != 0 || head.header.Get("Content-Length") != strconv.Itoa(len(full.body)) ||
+		head.header.Get(wire.HeaderSnapshotSHA256) != full.header.Get(wire.HeaderSnapshotSHA256) {
+		t.Errorf("HEAD /v1/cluster/snapshot: %d %v (%d bytes), want the GET's headers (%v) without its %d bytes",
+			head.status, head.header, len(head.body), full.header, len(full.body))
 	}
 	wantErr(t, e.do(http.MethodPost, "/readyz", nil, ""), http.StatusMethodNotAllowed, "method_not_allowed")
 	if allow := e.do(http.MethodPut, "/healthz", nil, "").header.Get("Allow"); allow != "GET, HEAD" {

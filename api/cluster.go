@@ -132,12 +132,13 @@ func (h *handler) removePeer(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
-// snapshot streams a snapshot (GET) or restores one (POST). Transfers of
+// snapshot streams a snapshot (GET; HEAD answers its headers) or restores
+// one (POST). Transfers of
 // large files may take longer than the server's usual request timeouts.
 func (h *handler) snapshot(w http.ResponseWriter, r *http.Request) error {
 	rc := http.NewResponseController(w)
 	switch r.Method {
-	case http.MethodGet:
+	case http.MethodGet, http.MethodHead:
 		_ = rc.SetWriteDeadline(time.Time{})
 		info, stream, err := h.Backups.SaveSnapshot(r.Context())
 		if err != nil {
@@ -149,6 +150,9 @@ func (h *handler) snapshot(w http.ResponseWriter, r *http.Request) error {
 		w.Header().Set(wire.HeaderSnapshotIndex, strconv.FormatUint(info.Index, 10))
 		w.Header().Set(wire.HeaderSnapshotSHA256, info.SHA256)
 		w.WriteHeader(http.StatusOK)
+		if r.Method == http.MethodHead {
+			return nil
+		}
 		if _, err := io.Copy(w, stream); err != nil {
 			h.Logger.Warn("streaming a snapshot", "error", err)
 		}
@@ -158,8 +162,8 @@ func (h *handler) snapshot(w http.ResponseWriter, r *http.Request) error {
 		_ = rc.SetWriteDeadline(time.Time{})
 		return h.restore(w, r)
 	}
-	w.Header().Set("Allow", "GET, POST")
-	return errcode.MethodNotAllowed.With("%s needs GET or POST", r.URL.Path)
+	w.Header().Set("Allow", "GET, HEAD, POST")
+	return errcode.MethodNotAllowed.With("%s needs GET (or HEAD) or POST", r.URL.Path)
 }
 
 // restoreForwards bounds how often a follower asks again who leads when the

@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/fsm"
@@ -122,6 +123,11 @@ func (b *closedBody) Read(p []byte) (int, error) {
 func decodeStrict(raw []byte, v any, what string) error {
 	if len(bytes.TrimSpace(raw)) == 0 {
 		return nil
+	}
+	// encoding/json would turn invalid UTF-8 into U+FFFD, making keys and
+	// owners that differ in their bytes the same.
+	if !utf8.Valid(raw) {
+		return errcode.InvalidBody.With("the %s is not valid UTF-8", what)
 	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
