@@ -385,17 +385,32 @@ func TestQueueIdempotentEnqueue(t *testing.T) {
 	h := map[string]string{wire.HeaderIdempotencyKey: "once"}
 	parts := [][3]string{{"meta", "", `{"queue":"q"}`}, {"payload", "", "x"}}
 	var ids []string
-	for range 2 {
+	enqueue := func() {
 		r := e.enqueueRaw("multipart/form-data", h, parts...)
 		var er wire.EnqueueResponse
 		r.json(t, &er)
 		ids = append(ids, er.MessageID)
 	}
+	enqueue()
+	enqueue()
 	if ids[0] == "" || ids[0] != ids[1] {
 		t.Fatalf("retried enqueue gave ids %v", ids)
 	}
 	if st := e.stats("q"); st.Ready != 1 {
 		t.Fatalf("stats %+v", st)
+	}
+	// A retry whose first answer was lost while a consumer took the
+	// message and acknowledged it does not enqueue it again.
+	d := e.dequeueOne("q")
+	if r := e.post("/v1/queue/ack", nil, ackBody(d.meta.Message)); r.status != http.StatusOK {
+		t.Fatalf("ack: %d %s", r.status, r.body)
+	}
+	enqueue()
+	if ids[2] != ids[0] {
+		t.Fatalf("retry after the ack gave ids %v", ids)
+	}
+	if st := e.stats("q"); st.Ready+st.InFlight != 0 {
+		t.Fatalf("stats after a retry of a consumed enqueue: %+v", st)
 	}
 }
 

@@ -98,6 +98,7 @@ var recordChecks = []struct {
 	{bucketQMsgs, jsonOf[Message]},
 	{bucketQWaiters, jsonOf[QueueWaiter]},
 	{bucketQEnded, jsonOf[deliveryEnd]},
+	{bucketQIdem, jsonOf[MessageInfo]},
 	{bucketRMs, jsonOf[RMEntry]},
 	{bucketRevoked, jsonOf[Revocation]},
 	{bucketTrust, jsonOf[TrustedCA]},

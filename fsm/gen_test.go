@@ -3,6 +3,7 @@ package fsm
 import (
 	"fmt"
 	"math/rand/v2"
+	"strconv"
 	"strings"
 
 	"github.com/raftlockd/raftlockd/wire"
@@ -106,6 +107,10 @@ func (g *gen) next() *Command {
 			MaxAttempts: 1 + g.rng.IntN(3), Delay: g.rng.Int64N(3) * 300, TTL: g.rng.Int64N(2) * 3000, Payload: []byte("p" + id)}
 		if g.rng.IntN(4) == 0 {
 			c.TxnID = g.txn()
+		}
+		if g.rng.IntN(3) == 0 {
+			// Retries of a few idempotent enqueues.
+			c.ID, c.Idempotent = "mi"+strconv.Itoa(g.rng.IntN(4)), true
 		}
 		return &Command{Op: OpEnqueue, Enqueue: c}
 	case 16:

@@ -52,6 +52,8 @@ var (
 	bucketQWaitExp = []byte("q_wait_exp") // deadline|q_waiters key -> nil
 	bucketQEnded   = []byte("q_ended")    // message key\0lease id -> deliveryEnd
 	bucketQEndedAt = []byte("q_ended_at") // ended_at|q_ended key -> nil
+	bucketQIdem    = []byte("q_idem")     // message key -> MessageInfo: what an idempotent enqueue answered
+	bucketQIdemAt  = []byte("q_idem_at")  // enqueued_at|message key -> nil
 )
 
 // DeadLetterSuffix names a queue's dead-letter queue: "<queue>.dlq".
@@ -123,7 +125,11 @@ type EnqueueCmd struct {
 	MaxAttempts int             `json:"max_attempts"`      // > 0
 	TxnID       string          `json:"txn,omitempty"`     // visible only when this transaction commits
 	TxnTTL      int64           `json:"txn_ttl,omitempty"` // ms; how long TxnID, holding nothing else, may stay undecided
-	Payload     []byte          `json:"-"`
+	// Idempotent: ID comes from the client's idempotency key. Its first
+	// answer is kept for the decision retention, so that a retry after the
+	// message was consumed is answered again instead of enqueued again.
+	Idempotent bool   `json:"idem,omitempty"`
+	Payload    []byte `json:"-"`
 }
 
 // DequeueCmd leases the first ready message, or (with Wait) queues the
@@ -351,6 +357,9 @@ func (s *applyState) enqueue(c *EnqueueCmd) *Result {
 		// A retry of an enqueue whose answer was lost.
 		return &Result{Queue: &QueueResult{Message: messageInfo(c.Namespace, c.Queue, m)}}
 	}
+	if first := s.enqueuedBefore(c, k); first != nil {
+		return first
+	}
 	var t *TxnRecord
 	if c.TxnID != "" {
 		if t = s.txn(c.TxnID); t != nil && t.State != TxnPending {
@@ -384,7 +393,28 @@ func (s *applyState) enqueue(c *EnqueueCmd) *Result {
 		s.storeTxn(c.TxnID, t)
 	}
 	s.settle(c.Namespace, c.Queue, k, m)
-	return &Result{Queue: &QueueResult{Message: messageInfo(c.Namespace, c.Queue, m)}}
+	info := messageInfo(c.Namespace, c.Queue, m)
+	if c.Idempotent {
+		s.putJSON(bucketQIdem, k, info)
+		s.put(bucketQIdemAt, timerKey(s.now, k), nil)
+	}
+	return &Result{Queue: &QueueResult{Message: info}}
+}
+
+// enqueuedBefore answers a retry of an idempotent enqueue whose message is
+// gone (acked, dead-lettered, dropped) with the first attempt's answer,
+// unless the transaction it was staged in rolled it back.
+func (s *applyState) enqueuedBefore(c *EnqueueCmd, k []byte) *Result {
+	var first MessageInfo
+	if !c.Idempotent || !s.getJSON(bucketQIdem, k, &first) {
+		return nil
+	}
+	if first.StagedBy != "" {
+		if t := s.txn(first.StagedBy); t != nil && t.State == TxnRollback {
+			return fail(errcode.TxnRolledBack.With("transaction %s, which enqueued message %s, rolled back", first.StagedBy, c.ID))
+		}
+	}
+	return &Result{Queue: &QueueResult{Message: &first}}
 }
 
 func (s *applyState) dequeue(c *DequeueCmd) *Result {
@@ -996,11 +1026,13 @@ func (s *applyState) sweepQueues(budget int, retention int64, res *SweepResult) 
 		s.emit(Event{Kind: EventWaitEnded, RequestID: w.RequestID, Err: errcode.QueueEmpty.With("no message within the wait")})
 		res.Abandoned++
 	}
-	for _, tk := range s.dueKeys(bucketQEndedAt, s.now-retention, max(budget, 0)) {
-		budget--
-		_, ek := splitTimer(tk)
-		s.del(bucketQEndedAt, tk)
-		s.del(bucketQEnded, ek)
+	for _, b := range [][2][]byte{{bucketQEndedAt, bucketQEnded}, {bucketQIdemAt, bucketQIdem}} {
+		for _, tk := range s.dueKeys(b[0], s.now-retention, max(budget, 0)) {
+			budget--
+			_, rk := splitTimer(tk)
+			s.del(b[0], tk)
+			s.del(b[1], rk)
+		}
 	}
 	return budget
 }

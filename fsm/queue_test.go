@@ -807,3 +807,66 @@ func TestEnlistedNackOfAMessagePastItsTTLSaysDropped(t *testing.T) {
 		t.Fatalf("nack of a message past its TTL answered %+v %v", r.Queue, r.Err)
 	}
 }
+
+// An idempotent enqueue retried after its message was consumed is answered
+// as the first attempt was, for the decision retention, instead of
+// enqueuing the message again; one whose transaction rolled back says so.
+func TestRetriedIdempotentEnqueueIsOnceAfterTheMessageIsGone(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	idem := func(queue, id string, attempts int, txn string) *Command {
+		return &Command{Op: OpEnqueue, Enqueue: &EnqueueCmd{Namespace: "default", Queue: queue, ID: id, Visibility: 10_000,
+			MaxAttempts: attempts, TxnID: txn, Idempotent: true, Payload: []byte(id)}}
+	}
+	first := h.one(idem("q", "m-acked", 2, ""))
+	if first.Err != nil {
+		t.Fatal(first.Err)
+	}
+	h.one(ackCmd(ref(mustDeliver(t, h.one(deq("q", "r1", 0))))))
+	h.one(idem("q", "m-dead", 1, ""))
+	if r := h.one(nackCmd(ref(mustDeliver(t, h.one(deq("q", "r2", 0)))))); r.Err != nil || r.Queue.DeadLetter != "q.dlq" {
+		t.Fatalf("nack past max attempts: %+v", r)
+	}
+	h.one(idem("q", "m-rolled", 2, "t1"))
+	h.one(decideCmd("t1", TxnRollback))
+
+	before := h.hashWithoutMeta()
+	if r := h.one(idem("q", "m-acked", 2, "")); r.Err != nil || r.Queue.Message.ID != "m-acked" ||
+		r.Queue.Message.EnqueuedAt != first.Queue.Message.EnqueuedAt {
+		t.Fatalf("retry after the ack: %+v, want the first answer %+v", r.Queue, first.Queue.Message)
+	}
+	if r := h.one(idem("q", "m-dead", 1, "")); r.Err != nil || r.Queue.Message.ID != "m-dead" {
+		t.Fatalf("retry after the dead letter: %+v", r)
+	}
+	wantCode(t, h.one(idem("q", "m-rolled", 2, "t1")), errcode.TxnRolledBack)
+	wantCode(t, h.one(idem("q", "m-rolled", 2, "")), errcode.TxnRolledBack)
+	if !bytes.Equal(before, h.hashWithoutMeta()) {
+		t.Fatal("a retried enqueue changed the state")
+	}
+	if st := h.stats("q"); st.Ready+st.InFlight+st.Staged != 0 {
+		t.Fatalf("q after the retries: %+v", st)
+	}
+	// Without the flag, the same id is another message.
+	again := idem("q", "m-acked", 2, "")
+	again.Enqueue.Idempotent = false
+	h.one(again)
+	if st := h.stats("q"); st.Ready != 1 {
+		t.Fatalf("a plain enqueue of a used id: %+v", st)
+	}
+	h.one(ackCmd(ref(mustDeliver(t, h.one(deq("q", "r3", 0))))))
+
+	// After the retention the key is forgotten.
+	var next int64
+	_ = h.f.View(func(v *View) error { next, _ = v.NextDeadline(60_000); return nil })
+	if next > h.now+60_000 {
+		t.Fatalf("the sweeper is not woken for the records: next %d, now %d", next, h.now)
+	}
+	h.now += 60_001
+	h.one(sweep())
+	if n := keyCount(h, bucketQIdem, bucketQIdemAt); n != 0 {
+		t.Fatalf("%d enqueue records outlived the retention", n)
+	}
+	h.one(idem("q", "m-acked", 2, ""))
+	if st := h.stats("q"); st.Ready != 1 {
+		t.Fatalf("an enqueue after the retention: %+v", st)
+	}
+}

@@ -85,7 +85,7 @@ func (v *View) NextDeadline(retention int64) (when int64, ok bool) {
 			consider(t)
 		}
 	}
-	for _, b := range [][]byte{bucketTxnDone, bucketQEndedAt} {
+	for _, b := range [][]byte{bucketTxnDone, bucketQEndedAt, bucketQIdemAt} {
 		if k, _ := v.b(b).Cursor().First(); k != nil {
 			t, _ := splitTimer(k)
 			consider(t + retention)

@@ -196,7 +196,8 @@ func (q *Queues) Enqueue(ctx context.Context, p EnqueueParams) (*fsm.MessageInfo
 	}
 	res, err := q.store.Propose(ctx, &fsm.Command{Op: fsm.OpEnqueue, Enqueue: &fsm.EnqueueCmd{Namespace: ns, Queue: queue,
 		ID: id, ContentType: p.ContentType, Attributes: compact, Delay: delay.Milliseconds(), Visibility: vis.Milliseconds(),
-		TTL: ttl.Milliseconds(), MaxAttempts: attempts, TxnID: txn, TxnTTL: q.limits.StagedTxnTTL.Milliseconds(), Payload: payload}})
+		TTL: ttl.Milliseconds(), MaxAttempts: attempts, TxnID: txn, TxnTTL: q.limits.StagedTxnTTL.Milliseconds(),
+		Idempotent: p.IdempotencyKey != "", Payload: payload}})
 	if err != nil {
 		return nil, err
 	}
