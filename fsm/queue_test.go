@@ -747,9 +747,7 @@ func TestRetriedAckAndNackAreAnsweredAsTheFirst(t *testing.T) {
 	if r := h.one(ackCmd(ref(m1))); r.Err != nil {
 		t.Fatalf("ack retried within the retention: %+v", r)
 	}
-	var next int64
-	_ = h.f.View(func(v *View) error { next, _ = v.NextDeadline(60_000); return nil })
-	if next > h.now+30_000 {
+	if next := nextDeadline(h, 60_000); next > h.now+30_000 {
 		t.Fatalf("the sweeper is not woken for the records: next %d, now %d", next, h.now)
 	}
 	h.now += 30_001
@@ -821,6 +819,9 @@ func TestRetriedIdempotentEnqueueIsOnceAfterTheMessageIsGone(t *testing.T) {
 	if first.Err != nil {
 		t.Fatal(first.Err)
 	}
+	if next := nextDeadline(h, 60_000); next != h.now+60_000 {
+		t.Fatalf("the sweeper is not woken for the record: next %d, now %d", next, h.now)
+	}
 	h.one(ackCmd(ref(mustDeliver(t, h.one(deq("q", "r1", 0))))))
 	h.one(idem("q", "m-dead", 1, ""))
 	if r := h.one(nackCmd(ref(mustDeliver(t, h.one(deq("q", "r2", 0)))))); r.Err != nil || r.Queue.DeadLetter != "q.dlq" {
@@ -855,11 +856,6 @@ func TestRetriedIdempotentEnqueueIsOnceAfterTheMessageIsGone(t *testing.T) {
 	h.one(ackCmd(ref(mustDeliver(t, h.one(deq("q", "r3", 0))))))
 
 	// After the retention the key is forgotten.
-	var next int64
-	_ = h.f.View(func(v *View) error { next, _ = v.NextDeadline(60_000); return nil })
-	if next > h.now+60_000 {
-		t.Fatalf("the sweeper is not woken for the records: next %d, now %d", next, h.now)
-	}
 	h.now += 60_001
 	h.one(sweep())
 	if n := keyCount(h, bucketQIdem, bucketQIdemAt); n != 0 {
@@ -869,4 +865,11 @@ func TestRetriedIdempotentEnqueueIsOnceAfterTheMessageIsGone(t *testing.T) {
 	if st := h.stats("q"); st.Ready != 1 {
 		t.Fatalf("an enqueue after the retention: %+v", st)
 	}
+}
+
+// nextDeadline is when the sweeper is next due, with the given retention.
+func nextDeadline(h *harness, retention int64) int64 {
+	var next int64
+	_ = h.f.View(func(v *View) error { next, _ = v.NextDeadline(retention); return nil })
+	return next
 }
