@@ -172,6 +172,9 @@ func TestBadSnapshotUploadIs400(t *testing.T) {
 		{"empty", "", "missing_body"},
 		{"truncated", string(good[:len(good)/3]), "invalid_snapshot"},
 		{"bbolt file of another application", string(foreignBytes), "invalid_snapshot"},
+		// Uploaded without its checksum: the document is matched against
+		// its record's etag.
+		{"a document damaged in place", strings.Replace(string(good), `{"keep":true}`, `{"keep"xtrue}`, -1), "invalid_snapshot"},
 	} {
 		r := e.operator().do(http.MethodPost, "/v1/cluster/snapshot", nil, c.body)
 		if r.status != http.StatusBadRequest {

@@ -149,7 +149,7 @@ func (n *Node) Restore(ctx context.Context, r io.Reader) (RestoreInfo, error) {
 	case size == 0:
 		return RestoreInfo{}, errcode.MissingBody.With("the snapshot is empty")
 	}
-	applied, err := fsm.CheckStateFile(tmp.Name())
+	applied, err := fsm.CheckBackupFile(tmp.Name())
 	if err != nil {
 		return RestoreInfo{}, err
 	}

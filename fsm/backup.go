@@ -40,7 +40,15 @@ func guard(fn func() error) (err error) {
 // file: a bbolt file whose pages all read back, holding the state machine's
 // buckets, an applied index and well-formed key records. Anything else is
 // errcode.InvalidSnapshot. It returns the applied index recorded in the file.
-func CheckStateFile(path string) (applied uint64, err error) {
+func CheckStateFile(path string) (applied uint64, err error) { return checkStateFile(path, false) }
+
+// CheckBackupFile is CheckStateFile for a file from outside the cluster
+// (an operator's backup): it also matches every document and message
+// payload against the records that describe them, so that damage in them
+// is refused instead of served.
+func CheckBackupFile(path string) (applied uint64, err error) { return checkStateFile(path, true) }
+
+func checkStateFile(path string, contents bool) (applied uint64, err error) {
 	err = guard(func() error {
 		db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, ReadOnly: true})
 		if err != nil {
@@ -78,6 +86,11 @@ func CheckStateFile(path string) (applied uint64, err error) {
 			if err := staging.Check(tx); err != nil {
 				return errcode.InvalidSnapshot.With("%v", err)
 			}
+			if contents {
+				if err := checkContents(tx); err != nil {
+					return err
+				}
+			}
 			// Reading every key and value touches every page: a truncated
 			// or damaged file fails here rather than in Apply.
 			return tx.ForEach(func(_ []byte, b *bolt.Bucket) error { return walk(b) })
@@ -111,6 +124,60 @@ var recordChecks = []struct {
 		}
 		return decodeRecord(v, &UTXORecord{})
 	}},
+}
+
+// checkContents matches what clients read back against the records that
+// describe it: every committed document against its key's ETag and size,
+// every message payload against its size. Damage there would otherwise be
+// served as it is.
+func checkContents(tx *bolt.Tx) error {
+	docs, bodies := tx.Bucket(bucketDocs), tx.Bucket(bucketQBodies)
+	present := 0
+	err := tx.Bucket(bucketKeys).ForEach(func(k, v []byte) error {
+		var rec KeyRecord
+		_ = json.Unmarshal(v, &rec) // recordChecks decoded it
+		doc := docs.Get(k)
+		if !rec.State {
+			if doc != nil {
+				return errcode.InvalidSnapshot.With("key %q has a document but its record says none", k)
+			}
+			return nil
+		}
+		present++
+		if int64(len(doc)) != rec.Size || !staging.DocMatches(doc, rec.ETag) {
+			return errcode.InvalidSnapshot.With("the document of key %q does not match its record's size and etag", k)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if n := docs.Stats().KeyN; n != present {
+		return errcode.InvalidSnapshot.With("%d documents, but %d key records with one", n, present)
+	}
+	if err := staging.CheckDocuments(tx); err != nil {
+		return errcode.InvalidSnapshot.With("%v", err)
+	}
+	if tx.Bucket(bucketQMsgs) == nil || bodies == nil {
+		return nil
+	}
+	messages := 0
+	err = tx.Bucket(bucketQMsgs).ForEach(func(k, v []byte) error {
+		var m Message
+		_ = json.Unmarshal(v, &m)
+		messages++
+		if int64(len(bodies.Get(k))) != m.Bytes {
+			return errcode.InvalidSnapshot.With("the payload of message %q does not match its size", k)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	if n := bodies.Stats().KeyN; n > messages {
+		return errcode.InvalidSnapshot.With("%d message payloads, but %d messages", n, messages)
+	}
+	return nil
 }
 
 func jsonOf[T any](_, v []byte) error {

@@ -13,6 +13,7 @@ import (
 	bolt "go.etcd.io/bbolt"
 
 	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/staging"
 )
 
 // snapshotFile persists a snapshot of h's state to a file.
@@ -72,6 +73,64 @@ func TestCheckStateFileRejectsDamagedFiles(t *testing.T) {
 	db.Close()
 	wantInvalid("foreign bbolt file", other)
 
+}
+
+// A file whose pages read back but whose documents, staged documents or
+// message payloads do not match the records describing them is refused:
+// it would serve damaged state as intact.
+func TestCheckStateFileRejectsContentsThatDoNotMatchTheirRecords(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	l := mustLease(t, h.one(acq("doc", "t1", "r1", 60_000, 0)))
+	h.one(update(l, `{"step":1}`))
+	h.one(release(l, false))
+	staged := mustLease(t, h.one(acq("staged", "t2", "r2", 60_000, 0)))
+	h.one(update(staged, `{"step":2}`))
+	h.one(enq("q", "m1", "payload"))
+	good := snapshotFile(t, h)
+	if _, err := CheckBackupFile(good); err != nil {
+		t.Fatalf("intact snapshot: %v", err)
+	}
+	raw, _ := os.ReadFile(good)
+	damaged := func(what string, change func(tx *bolt.Tx) error) {
+		t.Helper()
+		path := filepath.Join(t.TempDir(), "damaged.db")
+		if err := os.WriteFile(path, raw, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		db, err := bolt.Open(path, 0o600, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := db.Update(change); err != nil {
+			t.Fatal(err)
+		}
+		db.Close()
+		if _, err := CheckStateFile(path); err != nil {
+			t.Errorf("%s: %v from the check of a Raft snapshot, which leaves contents to the checksum", what, err)
+		}
+		if _, err := CheckBackupFile(path); !errors.Is(err, errcode.InvalidSnapshot) {
+			t.Errorf("%s: %v, want invalid_snapshot", what, err)
+		}
+	}
+	docKey := keyOf("default", "doc")
+	damaged("a document that is not JSON", func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketDocs).Put(docKey, []byte(`{"step"x1}`))
+	})
+	damaged("a document of the same size that is not the one its etag names", func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketDocs).Put(docKey, []byte(`{"step":9}`))
+	})
+	damaged("a document gone", func(tx *bolt.Tx) error { return tx.Bucket(bucketDocs).Delete(docKey) })
+	damaged("a document without a record saying so", func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketDocs).Put(keyOf("default", "staged"), []byte(`{}`))
+	})
+	damaged("a staged document that is not the one its etag names", func(tx *bolt.Tx) error {
+		b := tx.Bucket(staging.Bucket)
+		k, v := b.Cursor().First()
+		return b.Put(k, []byte(strings.Replace(string(v), `{"step":2}`, `{"step":3}`, 1)))
+	})
+	damaged("a payload cut short", func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketQBodies).Put(msgKey("default", "q", "m1"), []byte("pay"))
+	})
 }
 
 // Random damage to data pages: either still readable or rejected. Under

@@ -2,6 +2,8 @@ package fsm
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -89,7 +91,13 @@ func acq(key, txn, req string, ttl, wait int64) *Command {
 
 func update(l *LeaseInfo, doc string) *Command {
 	return &Command{Op: OpWrite, Write: &WriteCmd{Namespace: l.Namespace, Key: l.Key, LeaseID: l.LeaseID,
-		TxnID: l.TxnID, ETag: "etag-" + doc, Doc: []byte(doc)}}
+		TxnID: l.TxnID, ETag: etagOf(doc), Doc: []byte(doc)}}
+}
+
+// etagOf is a document's ETag as the servers compute it.
+func etagOf(doc string) string {
+	sum := sha256.Sum256([]byte(doc))
+	return hex.EncodeToString(sum[:])
 }
 
 func release(l *LeaseInfo, rollback bool) *Command {
@@ -500,7 +508,7 @@ func TestCASAndFencing(t *testing.T) {
 	c.Write.IfVersion = &v0
 	r := h.one(c)
 	wantCode(t, r, errcode.VersionConflict)
-	if r.Err.CurrentVersion != 1 || r.Err.CurrentETag != `etag-{"x":1}` {
+	if r.Err.CurrentVersion != 1 || r.Err.CurrentETag != etagOf(`{"x":1}`) {
 		t.Fatalf("conflict lacks current state: %+v", r.Err)
 	}
 	c = update(l, `{"x":3}`)

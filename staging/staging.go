@@ -8,6 +8,8 @@ package staging
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 
@@ -154,4 +156,27 @@ func Check(tx *bolt.Tx) error {
 		}
 		return nil
 	})
+}
+
+// CheckDocuments reports a staged document, of a bucket that passed Check,
+// that does not match its ETag.
+func CheckDocuments(tx *bolt.Tx) error {
+	b := tx.Bucket(Bucket)
+	if b == nil {
+		return nil
+	}
+	return b.ForEach(func(k, v []byte) error {
+		if w, _ := decode(v); !w.Deleted && !DocMatches(w.Doc, w.ETag) {
+			return fmt.Errorf("staging: entry %q: the document does not match its etag", k)
+		}
+		return nil
+	})
+}
+
+// DocMatches reports whether doc is a JSON document whose ETag (the hex
+// SHA-256 of its bytes, as written) is etag: a check for documents that
+// come from outside, such as a backup.
+func DocMatches(doc []byte, etag string) bool {
+	sum := sha256.Sum256(doc)
+	return hex.EncodeToString(sum[:]) == etag && json.Valid(doc)
 }
