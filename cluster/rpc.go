@@ -175,15 +175,18 @@ type peers struct {
 	closed  bool
 }
 
-func (p *peers) client(ctx context.Context, addr string) (*rpc.Client, error) {
+// client returns the connection to addr, dialing one when there is none;
+// pooled says it was there already (and may have died since it was last
+// used).
+func (p *peers) client(ctx context.Context, addr string) (c *rpc.Client, pooled bool, err error) {
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
-		return nil, net.ErrClosed
+		return nil, false, net.ErrClosed
 	}
 	if c := p.clients[addr]; c != nil {
 		p.mu.Unlock()
-		return c, nil
+		return c, true, nil
 	}
 	p.mu.Unlock()
 	timeout := 5 * time.Second
@@ -192,21 +195,21 @@ func (p *peers) client(ctx context.Context, addr string) (*rpc.Client, error) {
 	}
 	conn, err := dialProto(ctx, p.network, addr, timeout, protoRPC)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	c := rpc.NewClient(conn)
+	c = rpc.NewClient(conn)
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
 		c.Close()
-		return nil, net.ErrClosed
+		return nil, false, net.ErrClosed
 	}
 	if old := p.clients[addr]; old != nil {
 		c.Close()
-		return old, nil
+		return old, true, nil
 	}
 	p.clients[addr] = c
-	return c, nil
+	return c, false, nil
 }
 
 func (p *peers) drop(addr string, c *rpc.Client) {
@@ -227,8 +230,14 @@ func (n notDelivered) Unwrap() error { return n.err }
 
 // call invokes method on the server at addr. A failure after the request
 // was sent is reported as unavailable: it may or may not have been applied.
+// A pooled connection found dead before the request left (the peer
+// restarted since it was last used) is replaced by a new one at once.
 func (p *peers) call(ctx context.Context, addr, method string, args, reply any) error {
-	c, err := p.client(ctx, addr)
+	return p.callOnce(ctx, addr, method, args, reply, true)
+}
+
+func (p *peers) callOnce(ctx context.Context, addr, method string, args, reply any, redial bool) error {
+	c, pooled, err := p.client(ctx, addr)
 	if err != nil {
 		e := errcode.Unavailable.With("cannot reach %s: %v", addr, err)
 		e.RetryAfter = 1
@@ -239,10 +248,14 @@ func (p *peers) call(ctx context.Context, addr, method string, args, reply any) 
 	case <-call.Done:
 		if call.Error != nil {
 			p.drop(addr, c)
+			gone := errors.Is(call.Error, rpc.ErrShutdown) // the connection was already gone
+			if gone && pooled && redial {
+				return p.callOnce(ctx, addr, method, args, reply, false)
+			}
 			e := errcode.Unavailable.With("%s to %s failed: %v", method, addr, call.Error)
 			e.RetryAfter = 1
-			if errors.Is(call.Error, rpc.ErrShutdown) {
-				return notDelivered{e} // the connection was already gone
+			if gone {
+				return notDelivered{e}
 			}
 			return e
 		}

@@ -106,6 +106,21 @@ func TestMembersShowEveryNodesOwnStatus(t *testing.T) {
 			t.Fatalf("with %s down, member %s: raft %+v, error %q", c.Nodes[down].Name, mem.ID, mem.Raft, mem.Error)
 		}
 	}
+
+	// A server that crashed and came back since it was last asked answers
+	// the first time: the connection that died with it is replaced.
+	answers := func() bool {
+		m, err := c.Operator(f).ClusterMembers(ctx)
+		return err == nil && m.Members[down].Raft != nil && m.Members[down].Error == ""
+	}
+	c.Start(down)
+	testutil.WaitFor(t, 20*time.Second, "the restarted server to answer", answers)
+	c.Crash(down)
+	c.Start(down)
+	c.WaitConverged(20 * time.Second)
+	if !answers() {
+		t.Fatalf("%s, restarted, is reported unreachable", c.Nodes[down].Name)
+	}
 }
 
 // remove-peer takes a dead server out of the configuration without waiting
