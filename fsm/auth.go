@@ -12,10 +12,12 @@ import (
 // its coordinator and resource-manager endpoints. They are state like any
 // other, so every node enforces the same lists and a restore brings them
 // back; an operator's restore of an older backup keeps the current
-// revocations too (PrepareRestore).
+// revocations too, and leaves out the CAs removed from the trust list since
+// (PrepareRestore).
 var (
-	bucketRevoked = []byte("auth_revoked") // serial (lower-case hex) -> Revocation
-	bucketTrust   = []byte("tc_trust")     // CA fingerprint -> TrustedCA
+	bucketRevoked  = []byte("auth_revoked") // serial (lower-case hex) -> Revocation
+	bucketTrust    = []byte("tc_trust")     // CA fingerprint -> TrustedCA
+	bucketDistrust = []byte("tc_distrust")  // CA fingerprint -> removed at (8 bytes): removed from the trust list
 )
 
 // RevokeCmd adds a certificate serial to the denylist.
@@ -87,9 +89,11 @@ func (s *applyState) trust(c *TrustCmd) *Result {
 	switch {
 	case c.Remove && has:
 		s.del(bucketTrust, []byte(c.Fingerprint))
+		s.put(bucketDistrust, []byte(c.Fingerprint), putU64(uint64(s.now)))
 	case !c.Remove && !has:
 		t = TrustedCA{Fingerprint: c.Fingerprint, Name: c.Name, Cert: c.Cert, AddedAt: s.now}
 		s.putJSON(bucketTrust, []byte(c.Fingerprint), t)
+		s.del(bucketDistrust, []byte(c.Fingerprint))
 	default:
 		if !has {
 			return &Result{Auth: &AuthInfo{}}

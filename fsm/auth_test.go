@@ -5,6 +5,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -258,18 +259,49 @@ func TestPrepareRestoreKeepsRevocations(t *testing.T) {
 	h.one(revokeCmd("beef", "stolen"))
 	want := h.revocations()
 
-	if err := h.f.PrepareRestore(backup); err != nil {
-		t.Fatal(err)
-	}
-	dst := openHarness(t, t.TempDir())
-	f, err := os.Open(backup)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := dst.f.Restore(f); err != nil {
-		t.Fatal(err)
-	}
-	if got := dst.revocations(); !reflect.DeepEqual(got, want) {
+	restoreBackup(t, h, backup)
+	if got := h.revocations(); !reflect.DeepEqual(got, want) {
 		t.Fatalf("denylist after restoring an older backup: %+v, want %+v", got, want)
+	}
+}
+
+// An operator's restore of a backup taken while a CA was trusted does not
+// trust it again once it was removed (it may have been compromised); a CA
+// added back after its removal is the backup's as usual, a cluster that
+// never removed the CA restores it, and the removal is kept for later
+// restores.
+func TestPrepareRestoreLeavesOutRemovedCAs(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(trustCmd(fp("1"), "island b", []byte("der-b")))
+	h.one(trustCmd(fp("2"), "island c", []byte("der-c")))
+	h.one(trustCmd(fp("3"), "island d", []byte("der-d")))
+	raw := snapshotBytes(t, h)
+	h.one(untrustCmd(fp("1")))
+	h.one(untrustCmd(fp("3")))
+	h.one(trustCmd(fp("3"), "island d again", []byte("der-d")))
+
+	restore := func(into *harness) *harness {
+		path := filepath.Join(t.TempDir(), "backup.db")
+		if err := os.WriteFile(path, raw, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		restoreBackup(t, into, path)
+		return into
+	}
+	names := func(h *harness) (out []string) {
+		for _, ca := range h.trusted() {
+			out = append(out, ca.Name)
+		}
+		return out
+	}
+	restored := restore(h)
+	if got, want := names(restored), []string{"island c", "island d"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("trust list after restoring an older backup: %q, want %q", got, want)
+	}
+	if got, want := names(restore(restored)), []string{"island c", "island d"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("trust list after restoring the backup again: %q, want %q", got, want)
+	}
+	if got, want := names(restore(openHarness(t, t.TempDir()))), []string{"island b", "island c", "island d"}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("trust list restored by a cluster that removed nothing: %q, want %q", got, want)
 	}
 }

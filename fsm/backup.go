@@ -203,8 +203,9 @@ func walk(b *bolt.Bucket) error {
 // holds only its counter), so is every message's the file holds, the
 // replicated clock, the coordinators' terms and the island's voter
 // high-water mark to at least the current ones, the file's denylist gets
-// the current one's serials, and the island keeps its backend hash and its
-// own registry entry. Documents, versions, leases, queues and transactions
+// the current one's serials, its trust list loses the CAs removed from the
+// current one, and the island keeps its backend hash and its own registry
+// entry. Documents, versions, leases, queues and transactions
 // are the file's. The caller must keep commands from being applied between
 // this call and the restore.
 func (f *FSM) PrepareRestore(path string) error {
@@ -254,6 +255,9 @@ func (f *FSM) PrepareRestore(path string) error {
 				if err != nil {
 					return err
 				}
+				if err := keepDistrust(cur, tx); err != nil {
+					return err
+				}
 				meta := tx.Bucket(bucketMeta)
 				if clock := u64(cur.b(bucketMeta).Get(metaNow)); clock > u64(meta.Get(metaNow)) {
 					if err := meta.Put(metaNow, putU64(clock)); err != nil {
@@ -275,6 +279,29 @@ func (f *FSM) PrepareRestore(path string) error {
 				return nil
 			})
 		})
+	})
+}
+
+// keepDistrust leaves out of the file's trust list every CA removed from
+// the current one (an island's CA may have been removed because it was
+// compromised), and keeps the removals for later restores.
+func keepDistrust(cur *View, tx *bolt.Tx) error {
+	trust, err := tx.CreateBucketIfNotExists(bucketTrust)
+	if err != nil {
+		return err
+	}
+	distrust, err := tx.CreateBucketIfNotExists(bucketDistrust)
+	if err != nil {
+		return err
+	}
+	return cur.b(bucketDistrust).ForEach(func(fp, v []byte) error {
+		if err := trust.Delete(fp); err != nil {
+			return err
+		}
+		if distrust.Get(fp) != nil {
+			return nil
+		}
+		return distrust.Put(bytes.Clone(fp), bytes.Clone(v))
 	})
 }
 

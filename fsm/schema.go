@@ -25,7 +25,7 @@ var allBuckets = [][]byte{bucketMeta, bucketKeys, bucketDocs, bucketWaiters, buc
 	bucketLeaseExp, bucketWaitExp, bucketWaitTxn, bucketTxns, bucketTxnDone,
 	bucketTxnExp, bucketTxnFanout, bucketTxnDoubt, bucketTxnStaged, bucketTCTerms, bucketRMs,
 	bucketQMsgs, bucketQBodies, bucketQReady, bucketQVis, bucketQTTL, bucketQWaiters, bucketQWaitReq, bucketQWaitExp, bucketQEnded, bucketQEndedAt, bucketQIdem, bucketQIdemAt,
-	bucketRevoked, bucketTrust, bucketUTXORecs, bucketUTXOOuts, bucketUTXOHolds, bucketUTXOExp,
+	bucketRevoked, bucketTrust, bucketDistrust, bucketUTXORecs, bucketUTXOOuts, bucketUTXOHolds, bucketUTXOExp,
 	bucketUTXODAH, bucketUTXOPreserve, bucketUTXOBlocks, bucketUTXOUndo, bucketUTXOStage}
 
 var (
