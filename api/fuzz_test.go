@@ -505,7 +505,8 @@ func FuzzHTTP(f *testing.F) {
 			`"outputs":[{"vout":0,"utxo_hash":"` + strings.Repeat("3", 64) + `","satoshis":50}]}]}`},
 		{"/v1/utxo/blocks/apply", "", "", ctJSON, `{"height":2,"hash":"` + strings.Repeat("4", 64) + `","prev_hash":"` +
 			strings.Repeat("1", 64) + `","txs":[{"txid":"` + strings.Repeat("5", 64) + `","inputs":[{"txid":"` +
-			strings.Repeat("2", 64) + `","vout":0,"utxo_hash":"` + strings.Repeat("3", 64) + `"}],"outputs":[]}]}`},
+			strings.Repeat("2", 64) + `","vout":0,"utxo_hash":"` + strings.Repeat("3", 64) + `"}],"outputs":[{"vout":0,"utxo_hash":"` +
+			strings.Repeat("6", 64) + `","satoshis":40}]}]}`},
 		{"/v1/utxo/blocks/rollback", "", "", ctJSON, `{"to_height":0}`},
 		{"/v1/utxo/prune", "", "", "", ""},
 		{"/v1/utxo/status", "", "stale=1", "", ""},

@@ -119,6 +119,9 @@ func blockTxs(req wire.UTXOBlockRequest) ([]fsm.BlockTx, error) {
 		if len(t.Inputs) > maxBlockInputs || len(t.Outputs) > maxVouts || (t.Coinbase && len(t.Inputs) > 0) {
 			return nil, errcode.InvalidUTXOBlock.With("txs[%d]: a coinbase has no inputs, any other transaction at most %d", i, maxBlockInputs)
 		}
+		if len(t.Outputs) == 0 {
+			return nil, errcode.InvalidUTXOBlock.With("txs[%d]: a transaction needs at least one output", i)
+		}
 		bt.Inputs = make([]fsm.BlockIn, len(t.Inputs))
 		for j, in := range t.Inputs {
 			if bt.Inputs[j].TxID, err = hex32(in.TxID, fmt.Sprintf("txs[%d].inputs[%d].txid", i, j), errcode.InvalidTxID); err != nil {

@@ -69,6 +69,7 @@ func TestBadBlocksAreRefusedBeforeRaft(t *testing.T) {
 		"bad hash":      {func(b *wire.UTXOBlockRequest) { b.Hash = "xyz" }, errcode.InvalidUTXOBlock},
 		"bad prev":      {func(b *wire.UTXOBlockRequest) { b.PrevHash = "" }, errcode.InvalidUTXOBlock},
 		"no txs":        {func(b *wire.UTXOBlockRequest) { b.Txs = nil }, errcode.InvalidUTXOBlock},
+		"no outputs":    {func(b *wire.UTXOBlockRequest) { b.Txs[0].Outputs = nil }, errcode.InvalidUTXOBlock},
 		"bad txid":      {func(b *wire.UTXOBlockRequest) { b.Txs[0].TxID = "00" }, errcode.InvalidTxID},
 		"bad utxo hash": {func(b *wire.UTXOBlockRequest) { b.Txs[0].Outputs[0].UTXOHash = "zz" }, errcode.InvalidUTXOHash},
 		"vout order": {func(b *wire.UTXOBlockRequest) { b.Txs[0].Outputs[1].Vout = b.Txs[0].Outputs[0].Vout },

@@ -32,7 +32,7 @@ func TestCLIBlocks(t *testing.T) {
 	// A block spending an output that does not exist is refused whole,
 	// naming the transaction and input.
 	bad := `{"height":2,"hash":"` + hex("2") + `","prev_hash":"` + hex("1") + `","txs":[{"txid":"` + hex("c") +
-		`","inputs":[{"txid":"` + hex("a") + `","vout":7,"utxo_hash":"` + hex("b") + `"}],"outputs":[]}]}`
+		`","inputs":[{"txid":"` + hex("a") + `","vout":7,"utxo_hash":"` + hex("b") + `"}],"outputs":[{"vout":0,"utxo_hash":"` + hex("d") + `","satoshis":40}]}]}`
 	res := cli(t, env, bad, "client", "utxo", "block", "apply")
 	if res.code == 0 || !strings.Contains(res.stderr, "block_rejected") || !strings.Contains(res.stderr, "input 0: UTXO_NOT_FOUND") {
 		t.Fatalf("bad block: exit %d, stderr %q", res.code, res.stderr)
