@@ -63,7 +63,43 @@ func newRoot() *cobra.Command {
 		Run:   func(cmd *cobra.Command, _ []string) { fmt.Fprintln(cmd.OutOrStdout(), "raftlockd", buildVersion()) },
 	})
 	root.AddCommand(newHealthCmd(), newAuthCmd())
+	root.InitDefaultHelpCmd()
+	root.InitDefaultCompletionCmd()
+	requireSubcommands(root)
 	return root
+}
+
+// requireSubcommands makes every command of the tree under cmd that only
+// groups others (cmd itself included) print its help when given no
+// subcommand and fail, naming the word, when given one it does not have.
+// Left to cobra, a group below the root takes any word for an argument,
+// prints its help and exits 0.
+func requireSubcommands(cmd *cobra.Command) {
+	if cmd.HasSubCommands() && !cmd.Runnable() {
+		cmd.Args = cobra.ArbitraryArgs
+		cmd.RunE = func(c *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return c.Help()
+			}
+			return unknownCommand(c, args[0])
+		}
+	}
+	for _, sub := range cmd.Commands() {
+		requireSubcommands(sub)
+	}
+}
+
+// unknownCommand is cobra's error for a word that names no subcommand of
+// cmd, with its suggestions.
+func unknownCommand(cmd *cobra.Command, word string) error {
+	msg := fmt.Sprintf("unknown command %q for %q", word, cmd.CommandPath())
+	if cmd.SuggestionsMinimumDistance <= 0 {
+		cmd.SuggestionsMinimumDistance = 2
+	}
+	if s := cmd.SuggestionsFor(word); len(s) > 0 {
+		msg += "\n\nDid you mean this?\n\t" + strings.Join(s, "\n\t")
+	}
+	return errors.New(msg)
 }
 
 // envName is the environment variable that stands in for flag name under prefix.

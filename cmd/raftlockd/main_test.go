@@ -3,7 +3,11 @@ package main
 import (
 	"fmt"
 	"os"
+	"slices"
+	"strings"
 	"testing"
+
+	"github.com/spf13/cobra"
 
 	"github.com/raftlockd/raftlockd/internal/testutil"
 )
@@ -18,4 +22,44 @@ func TestMain(m *testing.M) {
 	testutil.RemoveBinary()
 	os.RemoveAll(dataHome)
 	os.Exit(code)
+}
+
+// TestGroupsRefuseUnknownSubcommands walks the whole command tree: every
+// command that groups others prints its help and exits 0 when given no
+// subcommand, and fails with cobra's "unknown command" error on stderr
+// when given a word that names none of its subcommands.
+func TestGroupsRefuseUnknownSubcommands(t *testing.T) {
+	t.Parallel()
+	var groups [][]string
+	var walk func(c *cobra.Command, path []string)
+	walk = func(c *cobra.Command, path []string) {
+		if c.HasSubCommands() {
+			groups = append(groups, path)
+		}
+		for _, sub := range c.Commands() {
+			walk(sub, append(slices.Clone(path), sub.Name()))
+		}
+	}
+	walk(newRoot(), nil)
+	for _, want := range []string{"", "client", "client queue", "tc rm", "auth new", "completion"} {
+		if !slices.ContainsFunc(groups, func(g []string) bool { return strings.Join(g, " ") == want }) {
+			t.Fatalf("the walk found the groups %q, not %q", groups, want)
+		}
+	}
+	for _, g := range groups {
+		path := strings.Join(append([]string{"raftlockd"}, g...), " ")
+		res := cli(t, nil, "", append(slices.Clone(g), "bogus")...)
+		if want := fmt.Sprintf("raftlockd: unknown command %q for %q", "bogus", path); res.code != 1 ||
+			!strings.Contains(res.stderr, want) || res.stdout != "" {
+			t.Errorf("%s bogus: exit %d, stdout %q, stderr %q; want exit 1 and %s on stderr", path, res.code, res.stdout, res.stderr, want)
+		}
+		res = cli(t, nil, "", g...)
+		if res.code != 0 || !strings.Contains(res.stdout, "Available Commands:") || res.stderr != "" {
+			t.Errorf("%s: exit %d, stdout %q, stderr %q; want its help and exit 0", path, res.code, res.stdout, res.stderr)
+		}
+	}
+	// A misspelt subcommand gets cobra's suggestion, at any depth.
+	if res := cli(t, nil, "", "client", "queu"); res.code != 1 || !strings.Contains(res.stderr, "Did you mean this?\n\tqueue") {
+		t.Errorf("client queu: exit %d, stderr %q; want a suggestion of queue", res.code, res.stderr)
+	}
 }
