@@ -474,14 +474,74 @@ func describe(t testing.TB, env []string, key string) wire.DescribeResponse {
 
 func TestParseSeconds(t *testing.T) {
 	for in, want := range map[string]int64{"0": 0, "30": 30, "-1": -1, "30s": 30, "1m": 60, "1.4s": 2, "1.5s": 2,
-		"2400ms": 3, "300ms": 1, "1ns": 1, "0s": 0, "-1s": -1, "-500ms": -1, "-2s": -2, "nowait": -1, "forever": 0} {
-		if got, err := parseSeconds(in); err != nil || got != want {
-			t.Errorf("parseSeconds(%q) = %d, %v; want %d", in, got, err, want)
+		"2400ms": 3, "300ms": 1, "1ns": 1, "0s": 0, "-1s": -1, "-500ms": -1, "-2s": -2} {
+		for _, wait := range []bool{false, true} {
+			if got, err := parseSeconds(in, wait); err != nil || got != want {
+				t.Errorf("parseSeconds(%q, %t) = %d, %v; want %d", in, wait, got, err, want)
+			}
 		}
 	}
-	if _, err := parseSeconds("soon"); err == nil {
-		t.Error("parseSeconds(soon) did not fail")
+	// The words are for the wait flags only; the other flags do not
+	// mention them.
+	for in, want := range map[string]int64{"nowait": -1, "forever": 0} {
+		if got, err := parseSeconds(in, true); err != nil || got != want {
+			t.Errorf("parseSeconds(%q, true) = %d, %v; want %d", in, got, err, want)
+		}
 	}
+	for _, in := range []string{"nowait", "forever", "soon"} {
+		if _, err := parseSeconds(in, false); err == nil || strings.Contains(err.Error(), "nowait nor forever") {
+			t.Errorf("parseSeconds(%q, false): %v; want an error that does not offer nowait or forever", in, err)
+		}
+	}
+	if _, err := parseSeconds("soon", true); err == nil || !strings.Contains(err.Error(), "nowait nor forever") {
+		t.Errorf("parseSeconds(soon, true): %v; want an error offering nowait and forever", err)
+	}
+}
+
+// TestCLIWaitWordsOnlyForWaitFlags: nowait and forever are what --block and
+// --wait take; every other duration flag refuses them, naming itself (or
+// its variable), and nothing is sent.
+func TestCLIWaitWordsOnlyForWaitFlags(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	lease := parseExports(t, mustCLI(t, srv.clientEnv(), "", "client", "acquire", "--key", "w", "--block", "nowait"))
+	env := srv.clientEnv(envList(lease)...)
+	for _, word := range []string{"forever", "nowait"} {
+		for _, c := range [][]string{
+			{"client", "acquire", "--key", "other", "--ttl"},
+			{"client", "keepalive", "--ttl"},
+			{"client", "queue", "enqueue", "--queue", "fq", "--delay"},
+			{"client", "queue", "enqueue", "--queue", "fq", "--visibility"},
+			{"client", "queue", "enqueue", "--queue", "fq", "--message-ttl"},
+			{"client", "queue", "dequeue", "--queue", "fq", "--visibility"},
+			{"client", "queue", "nack", "--delay"},
+			{"client", "queue", "extend", "--by"},
+		} {
+			flag := c[len(c)-1]
+			res := cli(t, env, "payload", append(slices.Clone(c), word)...)
+			if res.code != 1 || !strings.Contains(res.stderr, fmt.Sprintf("%q for %q flag", word, flag)) ||
+				strings.Contains(res.stderr, "nowait nor forever") || res.stdout != "" {
+				t.Errorf("%s %s: exit %d, stdout %q, stderr %q; want a refusal naming %s", strings.Join(c, " "), word,
+					res.code, res.stdout, res.stderr, flag)
+			}
+		}
+	}
+	res := cli(t, srv.clientEnv("RAFTLOCKD_CLIENT_TTL=forever"), "", "client", "acquire", "--key", "other")
+	if res.code != 1 || !strings.Contains(res.stderr, "RAFTLOCKD_CLIENT_TTL") {
+		t.Errorf("RAFTLOCKD_CLIENT_TTL=forever: exit %d, stderr %q; want a refusal naming the variable", res.code, res.stderr)
+	}
+	// Nothing was enqueued, and nothing else was acquired; the wait flags
+	// take the words.
+	res = cli(t, srv.clientEnv(), "", "client", "queue", "dequeue", "--queue", "fq", "--wait", "nowait")
+	if res.code != 1 || !strings.Contains(res.stderr, "waiting") {
+		t.Errorf("dequeue --wait nowait of a queue nothing was enqueued to: exit %d, stderr %q", res.code, res.stderr)
+	}
+	if d := describe(t, srv.clientEnv(), "other"); d.LeaseID != "" {
+		t.Errorf("a refused acquire took the key: %+v", d)
+	}
+	other := parseExports(t, mustCLI(t, srv.clientEnv(), "", "client", "acquire", "--key", "other", "--block", "forever"))
+	mustCLI(t, srv.clientEnv(envList(other)...), "", "client", "release")
+	mustCLI(t, env, "", "client", "release")
 }
 
 func TestVersion(t *testing.T) {

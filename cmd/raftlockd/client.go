@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/raftlockd/raftlockd/auth"
 	"github.com/raftlockd/raftlockd/client"
@@ -52,25 +53,30 @@ func (l *leaseFlags) ref(ns string) client.LeaseRef {
 	return client.LeaseRef{Namespace: ns, Key: l.key, LeaseID: l.lease, TxnID: l.txnID, FencingToken: l.fencing}
 }
 
-// parseSeconds reads "30s", "1m", a bare number of seconds, or the words
-// "nowait" (-1: do not wait) and "forever" (0: as long as the server
-// allows). A positive duration is rounded up to whole seconds, so a lease
-// or a wait is never shorter than asked for, and a fraction of a second
-// does not become 0 (which means "the server's default/maximum"); a
-// negative one means -1 or less ("do not wait").
-func parseSeconds(s string) (int64, error) {
-	switch s {
-	case "nowait":
-		return -1, nil
-	case "forever":
-		return 0, nil
+// parseSeconds reads "30s", "1m" or a bare number of seconds and, for a
+// wait flag (wait), the words "nowait" (-1: do not wait) and "forever" (0:
+// as long as the server allows). A positive duration is rounded up to
+// whole seconds, so a lease or a wait is never shorter than asked for, and
+// a fraction of a second does not become 0 (which means "the server's
+// default/maximum"); a negative one means -1 or less ("do not wait").
+func parseSeconds(s string, wait bool) (int64, error) {
+	if wait {
+		switch s {
+		case "nowait":
+			return -1, nil
+		case "forever":
+			return 0, nil
+		}
 	}
 	if n, err := strconv.ParseInt(s, 10, 64); err == nil {
 		return n, nil
 	}
 	d, err := time.ParseDuration(s)
 	if err != nil {
-		return 0, fmt.Errorf("%q is neither seconds, a duration, nowait nor forever", s)
+		if wait {
+			return 0, fmt.Errorf("%q is neither seconds, a duration, nowait nor forever", s)
+		}
+		return 0, fmt.Errorf("%q is neither seconds nor a duration such as 30s", s)
 	}
 	secs := int64(d / time.Second)
 	switch {
@@ -80,6 +86,38 @@ func parseSeconds(s string) (int64, error) {
 		secs = -1
 	}
 	return secs, nil
+}
+
+// secondsFlag is a flag of whole seconds, read by parseSeconds: a bad
+// value is refused while the flags are parsed, naming the flag (or its
+// environment variable).
+type secondsFlag struct {
+	secs *int64
+	text string
+	wait bool
+}
+
+func (f *secondsFlag) Set(s string) error {
+	n, err := parseSeconds(s, f.wait)
+	if err != nil {
+		return err
+	}
+	*f.secs, f.text = n, s
+	return nil
+}
+
+func (f *secondsFlag) String() string { return f.text }
+func (f *secondsFlag) Type() string   { return "duration" }
+
+// secondsVar defines a flag of whole seconds, 0 unless given.
+func secondsVar(fs *pflag.FlagSet, p *int64, name, usage string) {
+	fs.Var(&secondsFlag{secs: p, text: "0"}, name, usage)
+}
+
+// waitVar defines a wait flag: whole seconds, nowait or forever, 0 unless
+// given.
+func waitVar(fs *pflag.FlagSet, p *int64, name, usage string) {
+	fs.Var(&secondsFlag{secs: p, text: "0", wait: true}, name, usage)
 }
 
 func defaultOwner() string {
@@ -118,7 +156,8 @@ func newClientCmd() *cobra.Command {
 
 func newAcquireCmd(opts *clientOpts) *cobra.Command {
 	var l leaseFlags
-	var owner, ttl, block, idem string
+	var owner, idem string
+	var ttl, block int64
 	var ifNotExists bool
 	cmd := &cobra.Command{
 		Use:   "acquire",
@@ -133,21 +172,13 @@ commands that follow. With RAFTLOCKD_CLIENT_TXN_ID already set, the new lease
 joins that transaction.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			ttlSecs, err := parseSeconds(ttl)
-			if err != nil {
-				return fmt.Errorf("--ttl: %w", err)
-			}
-			blockSecs, err := parseSeconds(block)
-			if err != nil {
-				return fmt.Errorf("--block: %w", err)
-			}
 			c, ctx, cancel, err := opts.open(cmd)
 			defer cancel()
 			if err != nil {
 				return err
 			}
-			req := wire.AcquireRequest{Namespace: opts.namespace, Key: l.key, Owner: owner, TTLSeconds: ttlSecs,
-				BlockSecs: blockSecs, IfNotExists: ifNotExists, TxnID: l.txnID}
+			req := wire.AcquireRequest{Namespace: opts.namespace, Key: l.key, Owner: owner, TTLSeconds: ttl,
+				BlockSecs: block, IfNotExists: ifNotExists, TxnID: l.txnID}
 			if idem == "" {
 				idem = defaultIdempotencyKey()
 			}
@@ -169,8 +200,8 @@ joins that transaction.`,
 	l.register(cmd, false)
 	f := cmd.Flags()
 	f.StringVar(&owner, "owner", defaultOwner(), "owner recorded on the lease")
-	f.StringVar(&ttl, "ttl", "0", "lease TTL, e.g. 30s (0: server default)")
-	f.StringVar(&block, "block", "0", "how long to wait for a held key, e.g. 10s (0 or forever: server maximum, -1 or nowait: do not wait)")
+	secondsVar(f, &ttl, "ttl", "lease TTL, e.g. 30s (0: server default)")
+	waitVar(f, &block, "block", "how long to wait for a held key, e.g. 10s (0 or forever: server maximum, -1 or nowait: do not wait)")
 	f.BoolVar(&ifNotExists, "if-not-exists", false, "fail with already_exists when the key has state or a holder")
 	f.StringVar(&idem, "idempotency-key", "", "request identity; retries with the same key get the same lease")
 	return cmd
@@ -184,22 +215,18 @@ func defaultIdempotencyKey() string {
 
 func newKeepAliveCmd(opts *clientOpts) *cobra.Command {
 	var l leaseFlags
-	var ttl string
+	var ttl int64
 	cmd := &cobra.Command{
 		Use:   "keepalive",
 		Short: "Extend a held lease",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			secs, err := parseSeconds(ttl)
-			if err != nil {
-				return fmt.Errorf("--ttl: %w", err)
-			}
 			c, ctx, cancel, err := opts.open(cmd)
 			defer cancel()
 			if err != nil {
 				return err
 			}
-			out, err := c.KeepAlive(ctx, l.ref(opts.namespace), time.Duration(secs)*time.Second)
+			out, err := c.KeepAlive(ctx, l.ref(opts.namespace), time.Duration(ttl)*time.Second)
 			if err != nil {
 				return err
 			}
@@ -208,7 +235,7 @@ func newKeepAliveCmd(opts *clientOpts) *cobra.Command {
 		},
 	}
 	l.register(cmd, true)
-	cmd.Flags().StringVar(&ttl, "ttl", "0", "new TTL, e.g. 30s (0: the lease's TTL)")
+	secondsVar(cmd.Flags(), &ttl, "ttl", "new TTL, e.g. 30s (0: the lease's TTL)")
 	return cmd
 }
 

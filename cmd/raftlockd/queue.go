@@ -99,7 +99,8 @@ func (d *deliveryFlags) end(w io.Writer) {
 }
 
 func newEnqueueCmd(opts *clientOpts) *cobra.Command {
-	var queue, delay, visibility, ttl, attributes, contentType, txnID, idem string
+	var queue, attributes, contentType, txnID, idem string
+	var delay, visibility, ttl int64
 	var maxAttempts int
 	cmd := &cobra.Command{
 		Use:   "enqueue [FILE|-]",
@@ -110,18 +111,8 @@ transaction and appears when it commits. Prints the enqueue answer as JSON.`,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			req := wire.EnqueueRequest{Namespace: opts.namespace, Queue: queue, MaxAttempts: maxAttempts,
-				PayloadContentType: contentType, TxnID: txnID}
-			for _, d := range []struct {
-				flag, val string
-				dst       *int64
-			}{{"--delay", delay, &req.DelaySeconds}, {"--visibility", visibility, &req.VisibilityTimeoutSeconds},
-				{"--message-ttl", ttl, &req.TTLSeconds}} {
-				n, err := parseSeconds(d.val)
-				if err != nil {
-					return fmt.Errorf("%s: %w", d.flag, err)
-				}
-				*d.dst = n
-			}
+				PayloadContentType: contentType, TxnID: txnID, DelaySeconds: delay, VisibilityTimeoutSeconds: visibility,
+				TTLSeconds: ttl}
 			if attributes != "" {
 				if !json.Valid([]byte(attributes)) {
 					return fmt.Errorf("--attributes: not JSON")
@@ -149,9 +140,9 @@ transaction and appears when it commits. Prints the enqueue answer as JSON.`,
 	}
 	f := cmd.Flags()
 	f.StringVar(&queue, "queue", "", "queue")
-	f.StringVar(&delay, "delay", "0", "keep the message invisible this long, e.g. 10s")
-	f.StringVar(&visibility, "visibility", "0", "how long a delivery stays leased, e.g. 30s (0: server default)")
-	f.StringVar(&ttl, "message-ttl", "0", "drop the message when not delivered within this time, e.g. 1h (0: keep)")
+	secondsVar(f, &delay, "delay", "keep the message invisible this long, e.g. 10s")
+	secondsVar(f, &visibility, "visibility", "how long a delivery stays leased, e.g. 30s (0: server default)")
+	secondsVar(f, &ttl, "message-ttl", "drop the message when not delivered within this time, e.g. 1h (0: keep)")
 	f.IntVar(&maxAttempts, "max-attempts", 0, "failed deliveries before the message moves to <queue>.dlq (0: server default)")
 	f.StringVar(&attributes, "attributes", "", `JSON object stored with the message, e.g. '{"kind":"mail"}'`)
 	f.StringVar(&contentType, "content-type", "", "media type of the payload")
@@ -161,7 +152,8 @@ transaction and appears when it commits. Prints the enqueue answer as JSON.`,
 }
 
 func newDequeueCmd(opts *clientOpts) *cobra.Command {
-	var queue, owner, visibility, wait, txnID, payloadFile string
+	var queue, owner, txnID, payloadFile string
+	var visibility, wait int64
 	var withState bool
 	cmd := &cobra.Command{
 		Use:   "dequeue",
@@ -188,21 +180,13 @@ the queue (a nack that defers, spending no attempt) and the command fails;
 an enlisted delivery stays leased, since a nack would end its transaction.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			vis, err := parseSeconds(visibility)
-			if err != nil {
-				return fmt.Errorf("--visibility: %w", err)
-			}
-			waitSecs, err := parseSeconds(wait)
-			if err != nil {
-				return fmt.Errorf("--wait: %w", err)
-			}
 			c, ctx, cancel, err := opts.open(cmd)
 			defer cancel()
 			if err != nil {
 				return err
 			}
-			req := wire.DequeueRequest{Namespace: opts.namespace, Queue: queue, Owner: owner, VisibilityTimeoutSeconds: vis,
-				WaitSeconds: waitSecs, TxnID: txnID}
+			req := wire.DequeueRequest{Namespace: opts.namespace, Queue: queue, Owner: owner, VisibilityTimeoutSeconds: visibility,
+				WaitSeconds: wait, TxnID: txnID}
 			dequeue := c.Dequeue
 			if withState {
 				dequeue = c.DequeueWithState
@@ -249,8 +233,8 @@ an enlisted delivery stays leased, since a nack would end its transaction.`,
 	f := cmd.Flags()
 	f.StringVar(&queue, "queue", "", "queue")
 	f.StringVar(&owner, "owner", defaultOwner(), "owner recorded on the delivery")
-	f.StringVar(&visibility, "visibility", "0", "how long the delivery stays leased, e.g. 30s (0: the message's own)")
-	f.StringVar(&wait, "wait", "0", "how long to wait for a message, e.g. 10s (0 or forever: server maximum, -1 or nowait: do not wait)")
+	secondsVar(f, &visibility, "visibility", "how long the delivery stays leased, e.g. 30s (0: the message's own)")
+	waitVar(f, &wait, "wait", "how long to wait for a message, e.g. 10s (0 or forever: server maximum, -1 or nowait: do not wait)")
 	f.StringVar(&txnID, "txn-id", "", "enlist the delivery in this transaction")
 	f.BoolVar(&withState, "with-state", false, "also lease the message's state sidecar")
 	f.StringVar(&payloadFile, "payload-file", "", "write the payload to this file (default: a new temporary file)")
@@ -316,7 +300,8 @@ delivery variables, so that eval "$(raftlockd client queue ack)" clears them.`,
 
 func newNackCmd(opts *clientOpts) *cobra.Command {
 	var d deliveryFlags
-	var delay, lastError string
+	var lastError string
+	var delay int64
 	var deferred bool
 	cmd := &cobra.Command{
 		Use:   "nack",
@@ -327,13 +312,9 @@ allowed one moves it to the dead-letter queue <queue>.dlq; --defer hands it
 back without counting. Prints an unset line for the delivery variables.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			secs, err := parseSeconds(delay)
-			if err != nil {
-				return fmt.Errorf("--delay: %w", err)
-			}
 			a := d.ack(opts.namespace)
 			req := wire.NackRequest{Namespace: a.Namespace, Queue: a.Queue, MessageID: a.MessageID, LeaseID: a.LeaseID,
-				FencingToken: a.FencingToken, DelaySeconds: secs, Intent: wire.NackIntentFailure}
+				FencingToken: a.FencingToken, DelaySeconds: delay, Intent: wire.NackIntentFailure}
 			if deferred {
 				req.Intent = wire.NackIntentDefer
 			}
@@ -362,7 +343,7 @@ back without counting. Prints an unset line for the delivery variables.`,
 	}
 	d.register(cmd)
 	f := cmd.Flags()
-	f.StringVar(&delay, "delay", "0", "keep the message invisible this long, e.g. 10s")
+	secondsVar(f, &delay, "delay", "keep the message invisible this long, e.g. 10s")
 	f.BoolVar(&deferred, "defer", false, "hand back without counting a failed attempt")
 	f.StringVar(&lastError, "last-error", "", "why the delivery failed (JSON, or text stored as a JSON string)")
 	return cmd
@@ -370,16 +351,12 @@ back without counting. Prints an unset line for the delivery variables.`,
 
 func newExtendCmd(opts *clientOpts) *cobra.Command {
 	var d deliveryFlags
-	var by string
+	var by int64
 	cmd := &cobra.Command{
 		Use:   "extend",
 		Short: "Extend a delivery's lease (and its state sidecar's)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			secs, err := parseSeconds(by)
-			if err != nil {
-				return fmt.Errorf("--by: %w", err)
-			}
 			a := d.ack(opts.namespace)
 			c, ctx, cancel, err := opts.open(cmd)
 			defer cancel()
@@ -387,7 +364,7 @@ func newExtendCmd(opts *clientOpts) *cobra.Command {
 				return err
 			}
 			out, err := c.Extend(ctx, wire.ExtendRequest{Namespace: a.Namespace, Queue: a.Queue, MessageID: a.MessageID,
-				LeaseID: a.LeaseID, FencingToken: a.FencingToken, ExtendBySeconds: secs})
+				LeaseID: a.LeaseID, FencingToken: a.FencingToken, ExtendBySeconds: by})
 			if err != nil {
 				return err
 			}
@@ -396,7 +373,7 @@ func newExtendCmd(opts *clientOpts) *cobra.Command {
 		},
 	}
 	d.register(cmd)
-	cmd.Flags().StringVar(&by, "by", "0", "new lease length from now, e.g. 60s (0: the message's visibility timeout)")
+	secondsVar(cmd.Flags(), &by, "by", "new lease length from now, e.g. 60s (0: the message's visibility timeout)")
 	return cmd
 }
 
