@@ -680,6 +680,38 @@ raftlockd client release --rollback >/dev/null
 	}
 }
 
+// A release refused because a lease of the transaction expired
+// (txn_rolled_back) fails, but still prints the unset line: the transaction
+// is over for good, and eval of the output leaves a shell whose next
+// acquire starts a new one rather than failing on the rolled-back one.
+func TestCLIReleaseOfAnExpiredLeaseClearsTheShell(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	lease := parseExports(t, mustCLI(t, srv.clientEnv(), "", "client", "acquire", "--key", "exp", "--ttl", "1s"))
+	env := srv.clientEnv(envList(lease)...)
+	testutil.WaitFor(t, 15*time.Second, "the lease to expire", func() bool {
+		return describe(t, srv.clientEnv(), "exp").LeaseID == ""
+	})
+	res := cli(t, env, "", "client", "release")
+	want := "unset RAFTLOCKD_CLIENT_LEASE RAFTLOCKD_CLIENT_TXN_ID RAFTLOCKD_CLIENT_FENCING_TOKEN RAFTLOCKD_CLIENT_EXPIRES_AT RAFTLOCKD_CLIENT_VERSION\n"
+	if res.code != 1 || !strings.Contains(res.stderr, "txn_rolled_back") || res.stdout != want {
+		t.Fatalf("release of an expired lease: exit %d, stdout %q, stderr %q; want exit 1, txn_rolled_back and %q",
+			res.code, res.stdout, res.stderr, want)
+	}
+	out := bash(t, env, `
+eval "$(raftlockd client release 2>/dev/null)"
+echo "CLEARED=${RAFTLOCKD_CLIENT_LEASE:-none}/${RAFTLOCKD_CLIENT_TXN_ID:-none}"
+eval "$(raftlockd client acquire --key exp)"
+echo "TXN=$RAFTLOCKD_CLIENT_TXN_ID"
+eval "$(raftlockd client release)"
+`)
+	v := parseLines(out)
+	if v["CLEARED"] != "none/none" || v["TXN"] == "" || v["TXN"] == lease["RAFTLOCKD_CLIENT_TXN_ID"] {
+		t.Fatalf("after eval of the failed release: %q, then a new transaction %q (the rolled-back one %s)",
+			v["CLEARED"], v["TXN"], lease["RAFTLOCKD_CLIENT_TXN_ID"])
+	}
+}
+
 // TestCLIJoinTransaction acquires a second key inside the first key's
 // transaction; releasing one lease commits both keys.
 func TestCLIJoinTransaction(t *testing.T) {

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -16,6 +17,7 @@ import (
 
 	"github.com/raftlockd/raftlockd/auth"
 	"github.com/raftlockd/raftlockd/client"
+	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/wire"
 )
 
@@ -138,6 +140,36 @@ func printJSON(w io.Writer, v any) error {
 // shellQuote quotes s for POSIX shells.
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
 
+// printExports prints an export line for each name and value, the name
+// under prefix.
+func printExports(w io.Writer, prefix string, kvs [][2]string) {
+	for _, kv := range kvs {
+		fmt.Fprintf(w, "export %s%s=%s\n", prefix, kv[0], shellQuote(kv[1]))
+	}
+}
+
+// printUnset prints the unset line for names under prefix.
+func printUnset(w io.Writer, prefix string, names []string) {
+	full := make([]string, len(names))
+	for i, n := range names {
+		full[i] = prefix + n
+	}
+	fmt.Fprintf(w, "unset %s\n", strings.Join(full, " "))
+}
+
+// leaseVars are the variables of acquire's exports that name a lease and
+// its transaction. They are unset when the transaction is over, so that
+// the next acquire starts a new one; the key, namespace and owner stay.
+var leaseVars = []string{"LEASE", "TXN_ID", "FENCING_TOKEN", "EXPIRES_AT", "VERSION"}
+
+// txnOver reports whether err, the answer to a release, an ack or a nack,
+// leaves the transaction it ended over for good: it succeeded, or it was
+// refused because the transaction is already decided (txn_committed), or
+// can only roll back (txn_rolled_back: a lease of it expired).
+func txnOver(err error) bool {
+	return err == nil || errors.Is(err, errcode.TxnRolledBack) || errors.Is(err, errcode.TxnCommitted)
+}
+
 func newClientCmd() *cobra.Command {
 	opts := &clientOpts{}
 	cmd := &cobra.Command{Use: "client", Short: "Drive leases and state on a raftlockd server"}
@@ -186,14 +218,11 @@ joins that transaction.`,
 			if err != nil {
 				return err
 			}
-			out := cmd.OutOrStdout()
-			for _, kv := range [][2]string{
+			printExports(cmd.OutOrStdout(), clientEnv, [][2]string{
 				{"NAMESPACE", lease.Namespace}, {"KEY", lease.Key}, {"OWNER", lease.Owner}, {"LEASE", lease.LeaseID},
 				{"TXN_ID", lease.TxnID}, {"FENCING_TOKEN", strconv.FormatInt(lease.FencingToken, 10)},
 				{"EXPIRES_AT", strconv.FormatInt(lease.ExpiresAt, 10)}, {"VERSION", strconv.FormatInt(lease.Version, 10)},
-			} {
-				fmt.Fprintf(out, "export %s%s=%s\n", clientEnv, kv[0], shellQuote(kv[1]))
-			}
+			})
 			return nil
 		},
 	}
@@ -371,7 +400,10 @@ leases are released. It prints an unset line for the lease variables, so that
 
     eval "$(raftlockd client release)"
 
-also ends the transaction in the shell and the next acquire starts a new one.`,
+also ends the transaction in the shell and the next acquire starts a new one.
+A release refused because the transaction is over already (txn_rolled_back:
+a lease of it expired, so it can only roll back; txn_committed) exits
+non-zero with the error on stderr and prints the unset line all the same.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, ctx, cancel, err := opts.open(cmd)
@@ -379,15 +411,11 @@ also ends the transaction in the shell and the next acquire starts a new one.`,
 			if err != nil {
 				return err
 			}
-			if _, err := c.Release(ctx, l.ref(opts.namespace), rollback); err != nil {
-				return err
+			_, err = c.Release(ctx, l.ref(opts.namespace), rollback)
+			if txnOver(err) {
+				printUnset(cmd.OutOrStdout(), clientEnv, leaseVars)
 			}
-			var names []string
-			for _, n := range []string{"LEASE", "TXN_ID", "FENCING_TOKEN", "EXPIRES_AT", "VERSION"} {
-				names = append(names, clientEnv+n)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "unset %s\n", strings.Join(names, " "))
-			return nil
+			return err
 		},
 	}
 	l.register(cmd, true)

@@ -78,24 +78,20 @@ func (d *deliveryFlags) register(cmd *cobra.Command) {
 	}
 }
 
-func printExports(w io.Writer, prefix string, kvs [][2]string) {
-	for _, kv := range kvs {
-		fmt.Fprintf(w, "export %s%s=%s\n", prefix, kv[0], shellQuote(kv[1]))
-	}
-}
-
-// end prints the unset line for the delivery variables and, when
-// they name the delivery d that ended, removes the temporary files dequeue
-// wrote for it (RAFTLOCKD_QUEUE_TEMP_FILES; never a --payload-file).
+// end prints the unset line for the delivery variables and, when they
+// name the delivery d that ended, removes the temporary files dequeue wrote
+// for it (RAFTLOCKD_QUEUE_TEMP_FILES; never a --payload-file). A delivery
+// enlisted in the shell's transaction (RAFTLOCKD_CLIENT_TXN_ID) ended with
+// that transaction, so the lease variables are unset too, as release does.
 func (d *deliveryFlags) end(w io.Writer) {
-	if os.Getenv(queueEnv+"MESSAGE_ID") == d.id && os.Getenv(queueEnv+"LEASE") == d.lease {
+	named := os.Getenv(queueEnv+"MESSAGE_ID") == d.id && os.Getenv(queueEnv+"LEASE") == d.lease
+	if named {
 		removeFiles(filepath.SplitList(os.Getenv(queueEnv + "TEMP_FILES")))
 	}
-	names := make([]string, len(deliveryVars))
-	for i, n := range deliveryVars {
-		names[i] = queueEnv + n
+	printUnset(w, queueEnv, deliveryVars)
+	if txn := os.Getenv(queueEnv + "TXN_ID"); named && txn != "" && txn == os.Getenv(clientEnv+"TXN_ID") {
+		printUnset(w, clientEnv, leaseVars)
 	}
-	fmt.Fprintf(w, "unset %s\n", strings.Join(names, " "))
 }
 
 func newEnqueueCmd(opts *clientOpts) *cobra.Command {
@@ -279,7 +275,11 @@ func newAckCmd(opts *clientOpts) *cobra.Command {
 		Long: `Acknowledge the delivery named by the flags or by the RAFTLOCKD_QUEUE_*
 variables dequeue exported. A delivery enlisted in a transaction is
 acknowledged by committing that transaction. Prints an unset line for the
-delivery variables, so that eval "$(raftlockd client queue ack)" clears them.`,
+delivery variables, so that eval "$(raftlockd client queue ack)" clears them,
+and, when the delivery was enlisted in the shell's transaction
+(RAFTLOCKD_CLIENT_TXN_ID), one for the lease variables, as release does. An
+ack refused because that transaction can only roll back (txn_rolled_back)
+exits non-zero and prints the unset lines all the same.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			c, ctx, cancel, err := opts.open(cmd)
@@ -287,11 +287,11 @@ delivery variables, so that eval "$(raftlockd client queue ack)" clears them.`,
 			if err != nil {
 				return err
 			}
-			if _, err := c.Ack(ctx, d.ack(opts.namespace)); err != nil {
-				return err
+			_, err = c.Ack(ctx, d.ack(opts.namespace))
+			if txnOver(err) {
+				d.end(cmd.OutOrStdout())
 			}
-			d.end(cmd.OutOrStdout())
-			return nil
+			return err
 		},
 	}
 	d.register(cmd)
@@ -309,7 +309,10 @@ func newNackCmd(opts *clientOpts) *cobra.Command {
 		Long: `Hand the delivery back: it becomes visible again after --delay. A failure
 (the default) counts against the message's max_attempts, and the last
 allowed one moves it to the dead-letter queue <queue>.dlq; --defer hands it
-back without counting. Prints an unset line for the delivery variables.`,
+back without counting. A delivery enlisted in a transaction is handed back
+by rolling that transaction back. Prints an unset line for the delivery
+variables and, when the delivery was enlisted in the shell's transaction
+(RAFTLOCKD_CLIENT_TXN_ID), one for the lease variables, as release does.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			a := d.ack(opts.namespace)
@@ -331,14 +334,13 @@ back without counting. Prints an unset line for the delivery variables.`,
 				return err
 			}
 			out, err := c.Nack(ctx, req)
-			if err != nil {
-				return err
-			}
-			if out.DeadLetterQueue != "" {
+			if err == nil && out.DeadLetterQueue != "" {
 				fmt.Fprintf(cmd.ErrOrStderr(), "message moved to %s\n", out.DeadLetterQueue)
 			}
-			d.end(cmd.OutOrStdout())
-			return nil
+			if txnOver(err) {
+				d.end(cmd.OutOrStdout())
+			}
+			return err
 		},
 	}
 	d.register(cmd)

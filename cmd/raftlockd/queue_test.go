@@ -120,3 +120,48 @@ eval "$(raftlockd client queue ack)"
 		t.Errorf("the next dequeue: %q (output:\n%s)", v["AGAIN"], out)
 	}
 }
+
+// An ack or nack of a delivery enlisted in the shell's transaction ends
+// that transaction (commit or rollback), so eval of its output clears the
+// lease variables too and the next acquire starts a new transaction. A
+// delivery outside the shell's transaction leaves them.
+func TestCLIAckOfAnEnlistedDeliveryEndsTheShellsTransaction(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	out := bash(t, srv.clientEnv("TMPDIR="+t.TempDir()), `
+for p in a b c; do printf "$p" | raftlockd client queue enqueue --queue work >/dev/null; done
+eval "$(raftlockd client acquire --key anchor)"
+FIRST=$RAFTLOCKD_CLIENT_TXN_ID
+eval "$(raftlockd client queue dequeue --queue work --wait -1)"   # enlisted through RAFTLOCKD_CLIENT_TXN_ID
+echo "ENLISTED=$([ "$RAFTLOCKD_QUEUE_TXN_ID" = "$FIRST" ] && echo yes)"
+eval "$(raftlockd client queue ack)"
+echo "AFTER_ACK=${RAFTLOCKD_CLIENT_LEASE:-none}/${RAFTLOCKD_CLIENT_TXN_ID:-none}/${RAFTLOCKD_CLIENT_FENCING_TOKEN:-none}"
+echo "FIRST_STATE=$(raftlockd txn status --txn-id "$FIRST" --format json | tr -d ' \n')"
+
+eval "$(raftlockd client acquire --key anchor --block=-1)"
+SECOND=$RAFTLOCKD_CLIENT_TXN_ID
+echo "NEW_TXN=$([ "$SECOND" != "$FIRST" ] && echo yes)"
+eval "$(raftlockd client queue dequeue --queue work --wait -1)"
+eval "$(raftlockd client queue nack --defer)"
+echo "AFTER_NACK=${RAFTLOCKD_CLIENT_LEASE:-none}/${RAFTLOCKD_CLIENT_TXN_ID:-none}/${RAFTLOCKD_CLIENT_FENCING_TOKEN:-none}"
+echo "SECOND_STATE=$(raftlockd txn status --txn-id "$SECOND" --format json | tr -d ' \n')"
+
+eval "$(raftlockd client acquire --key anchor --block=-1)"
+THIRD=$RAFTLOCKD_CLIENT_TXN_ID
+eval "$(raftlockd client queue dequeue --queue work --wait -1 --txn-id '')"   # not enlisted
+eval "$(raftlockd client queue ack)"
+echo "KEPT=$([ "${RAFTLOCKD_CLIENT_TXN_ID:-}" = "$THIRD" ] && [ -n "${RAFTLOCKD_CLIENT_LEASE:-}" ] && echo yes)"
+eval "$(raftlockd client release)"
+`)
+	v := parseLines(out)
+	for name, want := range map[string]string{"ENLISTED": "yes", "AFTER_ACK": "none/none/none", "NEW_TXN": "yes",
+		"AFTER_NACK": "none/none/none", "KEPT": "yes"} {
+		if v[name] != want {
+			t.Errorf("%s = %q, want %q (output:\n%s)", name, v[name], want, out)
+		}
+	}
+	if !strings.Contains(v["FIRST_STATE"], `"state":"commit"`) || !strings.Contains(v["SECOND_STATE"], `"state":"rollback"`) {
+		t.Errorf("the ack must commit the first transaction and the nack roll the second back: %s, %s",
+			v["FIRST_STATE"], v["SECOND_STATE"])
+	}
+}
