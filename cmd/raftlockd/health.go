@@ -50,12 +50,28 @@ func defaultHealthServer(scheme string) string {
 // none when this environment's server runs with mTLS disabled.
 func healthBundle(path string) (*auth.Bundle, error) {
 	if path == "" {
-		if off, _ := strconv.ParseBool(os.Getenv("RAFTLOCKD_DISABLE_MTLS")); off {
+		if mtlsDisabledHere() {
 			return nil, nil
 		}
 		path = os.Getenv("RAFTLOCKD_BUNDLE")
 	}
 	return findBundle(path, auth.ServerFile, auth.CAFile, auth.ClientFile, auth.TCClientFile)
+}
+
+// mtlsDisabledHere reports whether this environment's server serves plain
+// HTTP (RAFTLOCKD_DISABLE_MTLS).
+func mtlsDisabledHere() bool {
+	off, _ := strconv.ParseBool(os.Getenv("RAFTLOCKD_DISABLE_MTLS"))
+	return off
+}
+
+// probeTLS reports whether a server named without a scheme, the default
+// one included, is probed over https: when the bundle b can verify it, or
+// when insecure asks not to verify it, unless this environment's server
+// serves plain HTTP. The probes need no certificate, so https works
+// without a bundle.
+func probeTLS(b *auth.Bundle, insecure bool) bool {
+	return b != nil || insecure && !mtlsDisabledHere()
 }
 
 func newHealthCmd() *cobra.Command {
@@ -71,9 +87,10 @@ answers 200 and 1 otherwise, printing why, so that it can serve as a
 container health check in an image without a shell.
 
 Without --server it probes the address in RAFTLOCKD_LISTEN (loopback when
-that is 0.0.0.0 or [::]), else 127.0.0.1:9341: over https when it finds a
-bundle, over http when it finds none or RAFTLOCKD_DISABLE_MTLS is true.
-The probes need no certificate, but the server's is verified against the
+that is 0.0.0.0 or [::]), else 127.0.0.1:9341. That address, and a --server
+without a scheme, is probed over https when it finds a bundle or is given
+--insecure-skip-verify, and over http when it finds none and is not, or
+when RAFTLOCKD_DISABLE_MTLS is true and no --bundle is given. The probes need no certificate, but the server's is verified against the
 CA of a bundle: --bundle, else the one the server in the same environment
 uses (RAFTLOCKD_BUNDLE, else server.pem, ca.pem, client.pem or tcclient.pem
 in $RAFTLOCKD_DATA_DIR/tls or the default data directory's tls folder).`,
@@ -83,10 +100,11 @@ in $RAFTLOCKD_DATA_DIR/tls or the default data directory's tls folder).`,
 			if err != nil {
 				return fmt.Errorf("health: %w", err)
 			}
+			overTLS := probeTLS(b, insecure)
 			if server == "" {
-				server = defaultHealthServer(scheme(b != nil))
+				server = defaultHealthServer(scheme(overTLS))
 			}
-			server = baseURL(server, b != nil)
+			server = baseURL(server, overTLS)
 			tr := &http.Transport{DisableKeepAlives: true} // no proxy from the environment
 			if strings.HasPrefix(server, "https://") {
 				switch {
@@ -125,7 +143,7 @@ in $RAFTLOCKD_DATA_DIR/tls or the default data directory's tls folder).`,
 		},
 	}
 	f := cmd.Flags()
-	f.StringVar(&server, "server", "", "server URL (default: from RAFTLOCKD_LISTEN, else 127.0.0.1:9341; https with a bundle)")
+	f.StringVar(&server, "server", "", "server URL (default: from RAFTLOCKD_LISTEN, else 127.0.0.1:9341; without a scheme, https with a bundle or --insecure-skip-verify)")
 	f.StringVar(&bundle, "bundle", "", "bundle whose CA the server's certificate is verified with (default: the server's, see above)")
 	f.BoolVar(&insecure, "insecure-skip-verify", false, "probe an https server without verifying its certificate")
 	f.BoolVar(&live, "live", false, "check liveness (/healthz) instead of readiness (/readyz)")

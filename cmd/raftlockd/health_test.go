@@ -52,8 +52,12 @@ func TestHealth(t *testing.T) {
 	if res.code != 1 || !strings.Contains(res.stderr, "no bundle") || !strings.Contains(res.stderr, "--insecure-skip-verify") {
 		t.Errorf("health without a bundle: exit %d, stderr %q", res.code, res.stderr)
 	}
-	if res := cli(t, []string{"RAFTLOCKD_DATA_DIR=" + t.TempDir()}, "", "health", "--server", srv.url, "--insecure-skip-verify"); res.code != 0 {
-		t.Errorf("health --insecure-skip-verify: exit %d, stderr %q", res.code, res.stderr)
+	// Not verifying, a server without a scheme is probed over https too.
+	for _, server := range []string{srv.url, host} {
+		res := cli(t, []string{"RAFTLOCKD_DATA_DIR=" + t.TempDir()}, "", "health", "--server", server, "--insecure-skip-verify")
+		if res.code != 0 || !strings.HasPrefix(res.stdout, "https://"+host+"/readyz") {
+			t.Errorf("health --server %s --insecure-skip-verify: exit %d, stdout %q, stderr %q", server, res.code, res.stdout, res.stderr)
+		}
 	}
 	other := t.TempDir()
 	shareCA(t, other)
