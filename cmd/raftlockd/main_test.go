@@ -63,3 +63,26 @@ func TestGroupsRefuseUnknownSubcommands(t *testing.T) {
 		t.Errorf("client queu: exit %d, stderr %q; want a suggestion of queue", res.code, res.stderr)
 	}
 }
+
+// TestHelpShowsOneDefaultPerFlag: no flag's help names its default twice
+// (once in its text and once as pflag adds it), in any command's help.
+func TestHelpShowsOneDefaultPerFlag(t *testing.T) {
+	t.Parallel()
+	var paths [][]string
+	var walk func(c *cobra.Command, path []string)
+	walk = func(c *cobra.Command, path []string) {
+		paths = append(paths, path)
+		for _, sub := range c.Commands() {
+			walk(sub, append(slices.Clone(path), sub.Name()))
+		}
+	}
+	walk(newRoot(), nil)
+	for _, p := range paths {
+		help := mustCLI(t, nil, "", append(slices.Clone(p), "--help")...)
+		for _, line := range strings.Split(help, "\n") {
+			if strings.HasPrefix(strings.TrimSpace(line), "-") && strings.Count(line, "(default") > 1 {
+				t.Errorf("raftlockd %s --help names a default twice: %s", strings.Join(p, " "), strings.TrimSpace(line))
+			}
+		}
+	}
+}

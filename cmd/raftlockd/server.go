@@ -91,7 +91,7 @@ restart. --disable-mtls serves plain HTTP to anyone (development only).`,
 	f.StringVar(&cfg.GossipListen, "gossip-listen", cfg.GossipListen, "gossip address (UDP and TCP) for discovery")
 	f.StringVar(&cfg.GossipAdvertise, "gossip-advertise", "", "gossip address peers reach (default: --gossip-listen)")
 	f.StringSliceVar(&cfg.Join, "join", nil, "gossip addresses of cluster members to join (host:port,...)")
-	f.IntVar(&cfg.BootstrapExpect, "bootstrap-expect", cfg.BootstrapExpect, "servers that must see each other before a new cluster starts (default 1, or 0 with --join: only join)")
+	f.IntVar(&cfg.BootstrapExpect, "bootstrap-expect", cfg.BootstrapExpect, "servers that must see each other before a new cluster starts (with --join it defaults to 0: only join)")
 	f.StringVar(&cfg.ClusterName, "cluster-name", cfg.ClusterName, "gossip label; nodes of other clusters are ignored")
 	f.DurationVar(&cfg.DeadServerTimeout, "dead-server-timeout", cfg.DeadServerTimeout, "how long a server must stay dead before the leader removes it from the voters")
 	f.IntVar(&cfg.MinQuorum, "min-quorum", 0, "fewest voters dead-server cleanup may leave (default: a majority of the most voters the cluster has had alive, recorded in its replicated state)")
