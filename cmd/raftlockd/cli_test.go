@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -755,7 +756,11 @@ func TestCLIKeepAliveDescribe(t *testing.T) {
 	wantExpiry(t, "acquire expiry", lease["RAFTLOCKD_CLIENT_EXPIRES_AT"], 10*time.Second)
 	env := srv.clientEnv(envList(lease)...)
 
-	ka := parseExports(t, mustCLI(t, env, "", "client", "keepalive", "--ttl", "2m"))
+	out := mustCLI(t, env, "", "client", "keepalive", "--ttl", "2m")
+	if !regexp.MustCompile(`^export RAFTLOCKD_CLIENT_EXPIRES_AT='[0-9]+'\n$`).MatchString(out) {
+		t.Fatalf("keepalive printed %q, want one quoted export as acquire prints", out)
+	}
+	ka := parseExports(t, out)
 	if len(ka) != 1 {
 		t.Fatalf("keepalive exported %v, want only RAFTLOCKD_CLIENT_EXPIRES_AT", ka)
 	}

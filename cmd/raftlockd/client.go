@@ -259,7 +259,7 @@ func newKeepAliveCmd(opts *clientOpts) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "export %sEXPIRES_AT=%d\n", clientEnv, out.ExpiresAt)
+			printExports(cmd.OutOrStdout(), clientEnv, [][2]string{{"EXPIRES_AT", strconv.FormatInt(out.ExpiresAt, 10)}})
 			return nil
 		},
 	}
