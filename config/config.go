@@ -183,9 +183,17 @@ func (s *Server) APIEndpoint(bound string) string {
 	return s.Scheme() + "://" + net.JoinHostPort(host, port)
 }
 
-// Validate reports every setting that cannot work.
+// Validate reports every setting that cannot work, each naming its flag
+// and the value it was given.
 func (s *Server) Validate() error {
 	var errs []error
+	// want records, unless ok, that flag cannot be v: it must be what
+	// format and args say.
+	want := func(ok bool, flag string, v any, format string, args ...any) {
+		if !ok {
+			errs = append(errs, fmt.Errorf("%s %v: want %s", flag, v, fmt.Sprintf(format, args...)))
+		}
+	}
 	if s.DataDir == "" {
 		errs = append(errs, errors.New("data dir is required"))
 	}
@@ -203,25 +211,28 @@ func (s *Server) Validate() error {
 	if s.MaxStateBytes <= 0 {
 		errs = append(errs, errors.New("max-state-bytes must be positive"))
 	}
-	if s.QueueVisibility < time.Second || s.QueueMaxAttempts < 1 || s.MaxPayloadBytes <= 0 {
-		errs = append(errs, errors.New("need queue-visibility >= 1s, queue-max-attempts >= 1 and max-payload-bytes > 0"))
-	}
-	if s.UTXORetentionBlocks < 1 || s.UTXORollbackWindow < s.UTXORetentionBlocks || s.UTXOPruneBatch < 1 || s.UTXOPruneInterval <= 0 {
-		errs = append(errs, fmt.Errorf("need utxo-retention-blocks >= 1, utxo-rollback-window >= the retention, utxo-prune-batch >= 1 and utxo-prune-interval > 0"))
-	}
-	if s.UTXOBatchSize < 1 || s.MaxUTXORequestBytes <= 0 || s.MaxEntryBytes < wire.UTXORecordBytes(s.UTXOBatchSize) {
-		errs = append(errs, fmt.Errorf("need utxo-batch-size >= 1, max-utxo-request-bytes > 0 and max-entry-bytes >= %d (%d bytes per output of a batch plus 1 KiB)",
-			wire.UTXORecordBytes(max(s.UTXOBatchSize, 1)), wire.UTXOOutputBytes))
-	}
+	want(s.QueueVisibility >= time.Second, "queue-visibility", s.QueueVisibility, "at least 1s")
+	want(s.QueueMaxAttempts >= 1, "queue-max-attempts", s.QueueMaxAttempts, "at least 1")
+	want(s.MaxPayloadBytes > 0, "max-payload-bytes", s.MaxPayloadBytes, "more than 0")
+	want(s.UTXORetentionBlocks >= 1, "utxo-retention-blocks", s.UTXORetentionBlocks, "at least 1")
+	want(s.UTXORollbackWindow >= s.UTXORetentionBlocks, "utxo-rollback-window", s.UTXORollbackWindow,
+		"at least utxo-retention-blocks (%d)", s.UTXORetentionBlocks)
+	want(s.UTXOPruneBatch >= 1, "utxo-prune-batch", s.UTXOPruneBatch, "at least 1")
+	want(s.UTXOPruneInterval > 0, "utxo-prune-interval", s.UTXOPruneInterval, "more than 0")
+	want(s.UTXOBatchSize >= 1, "utxo-batch-size", s.UTXOBatchSize, "at least 1")
+	want(s.MaxUTXORequestBytes > 0, "max-utxo-request-bytes", s.MaxUTXORequestBytes, "more than 0")
+	want(s.UTXOBatchSize < 1 || s.MaxEntryBytes >= wire.UTXORecordBytes(s.UTXOBatchSize), "max-entry-bytes", s.MaxEntryBytes,
+		"at least %d (%d bytes per output of a batch, plus 1 KiB)",
+		wire.UTXORecordBytes(max(s.UTXOBatchSize, 1)), wire.UTXOOutputBytes)
 	// Raft's leader lease is half the heartbeat timeout and, like the
 	// snapshot interval, at least 5ms.
 	if s.HeartbeatTimeout < 10*time.Millisecond || s.ElectionTimeout < s.HeartbeatTimeout {
 		errs = append(errs, fmt.Errorf("need raft-heartbeat-timeout (%s) >= 10ms and raft-election-timeout (%s) >= raft-heartbeat-timeout",
 			s.HeartbeatTimeout, s.ElectionTimeout))
 	}
-	if s.SnapshotThreshold < 1 || s.TrailingLogs < 1 || s.SnapshotInterval < 5*time.Millisecond {
-		errs = append(errs, errors.New("need snapshot-threshold >= 1, snapshot-trailing-logs >= 1 and snapshot-interval >= 5ms"))
-	}
+	want(s.SnapshotThreshold >= 1, "snapshot-threshold", s.SnapshotThreshold, "at least 1")
+	want(s.TrailingLogs >= 1, "snapshot-trailing-logs", s.TrailingLogs, "at least 1")
+	want(s.SnapshotInterval >= 5*time.Millisecond, "snapshot-interval", s.SnapshotInterval, "at least 5ms")
 	if s.LeaderWait <= 0 {
 		errs = append(errs, errors.New("leader-wait must be positive"))
 	}
@@ -231,16 +242,20 @@ func (s *Server) Validate() error {
 	if s.BootstrapExpect == 0 && len(s.Join) == 0 {
 		errs = append(errs, errors.New("a node that does not bootstrap (bootstrap-expect 0) needs --join"))
 	}
-	if s.DeadServerTimeout <= 0 || s.MinQuorum < 0 {
-		errs = append(errs, errors.New("dead-server-timeout must be positive and min-quorum not negative"))
-	}
+	want(s.DeadServerTimeout > 0, "dead-server-timeout", s.DeadServerTimeout, "more than 0")
+	want(s.MinQuorum >= 0, "min-quorum", s.MinQuorum, "0 or more")
 	if s.TxnRetention < 0 {
 		errs = append(errs, errors.New("tc-decision-retention must not be negative"))
 	}
-	if s.TCFanoutTimeout <= 0 || s.TCFanoutAttempts < 1 || s.TCFanoutBaseDelay <= 0 || s.TCFanoutMaxDelay < s.TCFanoutBaseDelay ||
-		!(s.TCFanoutMultiplier >= 1 && s.TCFanoutMultiplier <= 100) || s.TCPendingTTL <= 0 || s.TCPendingTTL > s.MaxTTL {
-		errs = append(errs, errors.New("need tc-fanout-timeout > 0, tc-fanout-attempts >= 1, 0 < tc-fanout-base-delay <= tc-fanout-max-delay, 1 <= tc-fanout-multiplier <= 100 and 0 < tc-pending-ttl <= max-ttl"))
-	}
+	want(s.TCFanoutTimeout > 0, "tc-fanout-timeout", s.TCFanoutTimeout, "more than 0")
+	want(s.TCFanoutAttempts >= 1, "tc-fanout-attempts", s.TCFanoutAttempts, "at least 1")
+	want(s.TCFanoutBaseDelay > 0, "tc-fanout-base-delay", s.TCFanoutBaseDelay, "more than 0")
+	want(s.TCFanoutMaxDelay >= s.TCFanoutBaseDelay, "tc-fanout-max-delay", s.TCFanoutMaxDelay,
+		"at least tc-fanout-base-delay (%s)", s.TCFanoutBaseDelay)
+	want(s.TCFanoutMultiplier >= 1 && s.TCFanoutMultiplier <= 100, "tc-fanout-multiplier", s.TCFanoutMultiplier,
+		"1 <= tc-fanout-multiplier <= 100")
+	want(s.TCPendingTTL > 0 && s.TCPendingTTL <= s.MaxTTL, "tc-pending-ttl", s.TCPendingTTL,
+		"0 < tc-pending-ttl <= max-ttl (%s)", s.MaxTTL)
 	for _, p := range s.TCPeers {
 		if u, err := url.Parse(p); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			errs = append(errs, fmt.Errorf("tc-peer %q: want an http(s) URL", p))

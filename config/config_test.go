@@ -46,3 +46,52 @@ func TestLogLevelInAnyCase(t *testing.T) {
 		t.Fatalf("log-level verbose: %v", err)
 	}
 }
+
+// A setting that cannot work is refused naming its flag and value, and no
+// other flag of its kind: the operator sees which one to fix.
+func TestValidateNamesTheFlag(t *testing.T) {
+	flags := []string{"tc-fanout-timeout", "tc-fanout-attempts", "tc-fanout-base-delay", "tc-fanout-max-delay",
+		"tc-fanout-multiplier", "tc-pending-ttl", "queue-visibility", "queue-max-attempts", "max-payload-bytes",
+		"utxo-retention-blocks", "utxo-rollback-window", "utxo-prune-batch", "utxo-prune-interval", "utxo-batch-size",
+		"max-utxo-request-bytes", "max-entry-bytes", "snapshot-threshold", "snapshot-trailing-logs", "snapshot-interval",
+		"dead-server-timeout", "min-quorum"}
+	for _, c := range []struct {
+		flag, says string
+		set        func(*Server)
+	}{
+		{"tc-fanout-timeout", "tc-fanout-timeout 0s", func(s *Server) { s.TCFanoutTimeout = 0 }},
+		{"tc-fanout-attempts", "tc-fanout-attempts 0", func(s *Server) { s.TCFanoutAttempts = 0 }},
+		{"tc-fanout-base-delay", "tc-fanout-base-delay -1s", func(s *Server) { s.TCFanoutBaseDelay = -time.Second }},
+		{"tc-fanout-max-delay", "tc-fanout-max-delay 1ms", func(s *Server) { s.TCFanoutMaxDelay = time.Millisecond }},
+		{"tc-fanout-multiplier", "tc-fanout-multiplier 0.5", func(s *Server) { s.TCFanoutMultiplier = 0.5 }},
+		{"tc-pending-ttl", "tc-pending-ttl 0s", func(s *Server) { s.TCPendingTTL = 0 }},
+		{"queue-visibility", "queue-visibility 500ms", func(s *Server) { s.QueueVisibility = 500 * time.Millisecond }},
+		{"queue-max-attempts", "queue-max-attempts 0", func(s *Server) { s.QueueMaxAttempts = 0 }},
+		{"max-payload-bytes", "max-payload-bytes 0", func(s *Server) { s.MaxPayloadBytes = 0 }},
+		{"utxo-retention-blocks", "utxo-retention-blocks 0", func(s *Server) { s.UTXORetentionBlocks, s.UTXORollbackWindow = 0, 0 }},
+		{"utxo-rollback-window", "utxo-rollback-window 1", func(s *Server) { s.UTXORollbackWindow = 1 }},
+		{"utxo-prune-batch", "utxo-prune-batch 0", func(s *Server) { s.UTXOPruneBatch = 0 }},
+		{"utxo-prune-interval", "utxo-prune-interval 0s", func(s *Server) { s.UTXOPruneInterval = 0 }},
+		{"utxo-batch-size", "utxo-batch-size 0", func(s *Server) { s.UTXOBatchSize = 0 }},
+		{"max-utxo-request-bytes", "max-utxo-request-bytes 0", func(s *Server) { s.MaxUTXORequestBytes = 0 }},
+		{"max-entry-bytes", "max-entry-bytes 10", func(s *Server) { s.MaxEntryBytes = 10 }},
+		{"snapshot-threshold", "snapshot-threshold 0", func(s *Server) { s.SnapshotThreshold = 0 }},
+		{"snapshot-trailing-logs", "snapshot-trailing-logs 0", func(s *Server) { s.TrailingLogs = 0 }},
+		{"snapshot-interval", "snapshot-interval 1ms", func(s *Server) { s.SnapshotInterval = time.Millisecond }},
+		{"dead-server-timeout", "dead-server-timeout 0s", func(s *Server) { s.DeadServerTimeout = 0 }},
+		{"min-quorum", "min-quorum -1", func(s *Server) { s.MinQuorum = -1 }},
+	} {
+		s := Default()
+		c.set(&s)
+		err := s.Validate()
+		if err == nil || !strings.HasPrefix(err.Error(), c.says+": want ") {
+			t.Errorf("%s: %v; want an error starting %q", c.flag, err, c.says+": want ")
+			continue
+		}
+		for _, other := range flags {
+			if other != c.flag && strings.Contains(err.Error(), other+" ") && !strings.Contains(err.Error(), "want at least "+other) {
+				t.Errorf("%s: %v; names %s too", c.flag, err, other)
+			}
+		}
+	}
+}
