@@ -58,10 +58,21 @@ a participant without a backend hash belongs to the island of --server.
   replay    apply the recorded decision again where it is missing
   status    show this island's record of the transaction`,
 	}
-	cmd.PersistentFlags().StringVar(&txnID, "txn-id", "", "transaction id (an xid)")
+	cmd.PersistentFlags().StringVar(&txnID, "txn-id", "", "transaction id (an xid; required)")
 	addAdminFlags(cmd, o, true, auth.TCClientFile, "")
+	// needTxnID refuses a command without a transaction id before anything
+	// is sent, rather than have the server refuse "" as no xid.
+	needTxnID := func() error {
+		if txnID == "" {
+			return fmt.Errorf("--txn-id is required (or %sTXN_ID, which acquire exports)", clientEnv)
+		}
+		return nil
+	}
 	decide := func(state string) func(ctx context.Context, c *client.Client, _ []string) (*wire.TxnDecisionResponse, error) {
 		return func(ctx context.Context, c *client.Client, _ []string) (*wire.TxnDecisionResponse, error) {
+			if err := needTxnID(); err != nil {
+				return nil, err
+			}
 			if expires < 0 {
 				return nil, fmt.Errorf("--expires %s: want a positive duration", expires)
 			}
@@ -102,6 +113,9 @@ a participant without a backend hash belongs to the island of --server.
 		Short: "Apply the recorded decision again wherever it is missing",
 		Args:  cobra.NoArgs,
 		RunE: runAdmin(o, func(ctx context.Context, c *client.Client, _ []string) (*wire.TxnReplayResponse, error) {
+			if err := needTxnID(); err != nil {
+				return nil, err
+			}
 			return c.TxnReplay(ctx, txnID)
 		}, func(w io.Writer, out *wire.TxnReplayResponse) {
 			fmt.Fprintf(w, "txn\t%s\nstate\t%s\ntc_term\t%d\n", out.TxnID, out.State, out.TCTerm)
@@ -111,6 +125,9 @@ a participant without a backend hash belongs to the island of --server.
 		Short: "Show the island's record of the transaction",
 		Args:  cobra.NoArgs,
 		RunE: runAdmin(o, func(ctx context.Context, c *client.Client, _ []string) (*wire.TxnStatusResponse, error) {
+			if err := needTxnID(); err != nil {
+				return nil, err
+			}
 			return c.TxnStatus(ctx, txnID)
 		}, txnStatusTable),
 	})

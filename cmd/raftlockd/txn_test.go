@@ -203,3 +203,15 @@ func TestCLITxnPrepareRefusesANegativeExpiry(t *testing.T) {
 		t.Fatalf("exit %d, stderr %q; want a refusal naming --expires", res.code, res.stderr)
 	}
 }
+
+// Every txn command needs a transaction id, and says so before anything is
+// sent rather than passing "" to the server to be refused as no xid.
+func TestCLITxnCommandsNeedATxnID(t *testing.T) {
+	t.Parallel()
+	for _, sub := range []string{"prepare", "commit", "rollback", "replay", "status"} {
+		res := cli(t, nil, "", "txn", sub, "--server", "http://127.0.0.1:1")
+		if res.code != 1 || !strings.Contains(res.stderr, "--txn-id is required") {
+			t.Errorf("txn %s without --txn-id: exit %d, stderr %q; want a refusal naming --txn-id", sub, res.code, res.stderr)
+		}
+	}
+}
