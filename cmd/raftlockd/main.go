@@ -14,6 +14,7 @@
 package main
 
 import (
+	"encoding/csv"
 	"errors"
 	"fmt"
 	"os"
@@ -123,10 +124,39 @@ func flagEnv(prefix string, f *pflag.Flag) string {
 // variable that stands in for it.
 func annotateEnv(fs *pflag.FlagSet, prefix string) {
 	fs.VisitAll(func(f *pflag.Flag) {
-		if !strings.Contains(f.Usage, "(env ") {
+		if strings.Contains(f.Usage, "(env ") {
+			return
+		}
+		if listFlag(f) {
+			f.Usage += fmt.Sprintf(" (env %s, a comma-separated list; quote a value holding a comma in \"...\")", flagEnv(prefix, f))
+		} else {
 			f.Usage += fmt.Sprintf(" (env %s)", flagEnv(prefix, f))
 		}
 	})
+}
+
+// listFlag reports whether f is a repeatable flag whose values its
+// variable lists, comma-separated: one whose every occurrence on the
+// command line is one value, commas included. (A comma-separated flag,
+// such as a string slice, splits its variable itself.)
+func listFlag(f *pflag.Flag) bool { return f.Value.Type() == "stringArray" }
+
+// envValues are the values the variable of f stands for: its text, or
+// for a repeatable flag the comma-separated values in it, read as CSV (so
+// a value holding a comma or a quote is written in double quotes).
+func envValues(f *pflag.Flag, v string) ([]string, error) {
+	if !listFlag(f) {
+		return []string{v}, nil
+	}
+	records, err := csv.NewReader(strings.NewReader(v)).ReadAll()
+	if err != nil {
+		return nil, fmt.Errorf("want a comma-separated list: %w", err)
+	}
+	var vals []string
+	for _, r := range records {
+		vals = append(vals, r...)
+	}
+	return vals, nil
 }
 
 // bindEnv documents the environment variable of every flag of cmd (and its
@@ -142,10 +172,18 @@ func bindEnv(cmd *cobra.Command, prefix string) {
 			if f.Changed {
 				return
 			}
-			if v, ok := os.LookupEnv(flagEnv(prefix, f)); ok {
-				if err := c.Flags().Set(f.Name, v); err != nil {
-					errs = append(errs, fmt.Errorf("%s: %w", flagEnv(prefix, f), err))
+			v, ok := os.LookupEnv(flagEnv(prefix, f))
+			if !ok {
+				return
+			}
+			vals, err := envValues(f, v)
+			for _, v := range vals {
+				if err == nil {
+					err = c.Flags().Set(f.Name, v)
 				}
+			}
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", flagEnv(prefix, f), err))
 			}
 		})
 		if err := errors.Join(errs...); err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 
@@ -213,5 +214,33 @@ func TestCLITxnCommandsNeedATxnID(t *testing.T) {
 		if res.code != 1 || !strings.Contains(res.stderr, "--txn-id is required") {
 			t.Errorf("txn %s without --txn-id: exit %d, stderr %q; want a refusal naming --txn-id", sub, res.code, res.stderr)
 		}
+	}
+}
+
+// RAFTLOCKD_CLIENT_PARTICIPANT stands for several --participant flags: a
+// comma-separated list, in which a participant whose key holds a comma is
+// quoted as in CSV. A list that does not read is refused, naming it.
+func TestCLIParticipantsFromTheEnvironment(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	env := srv.clientEnv("RAFTLOCKD_CLIENT_TXN_ID="+xid.New().String(), `RAFTLOCKD_CLIENT_PARTICIPANT=default:a,"default:b,c"`)
+	mustCLI(t, env, "", "txn", "prepare")
+	var st wire.TxnStatusResponse
+	if err := json.Unmarshal([]byte(mustCLI(t, env, "", "txn", "status", "--format", "json")), &st); err != nil {
+		t.Fatal(err)
+	}
+	var keys []string
+	for _, p := range st.Participants {
+		keys = append(keys, p.Namespace+":"+p.Key)
+	}
+	slices.Sort(keys)
+	if !slices.Equal(keys, []string{"default:a", "default:b,c"}) {
+		t.Errorf("participants %q, want default:a and default:b,c", keys)
+	}
+	mustCLI(t, env, "", "txn", "rollback")
+
+	res := cli(t, srv.clientEnv("RAFTLOCKD_CLIENT_TXN_ID="+xid.New().String(), `RAFTLOCKD_CLIENT_PARTICIPANT=a"b`), "", "txn", "prepare")
+	if res.code != 1 || !strings.Contains(res.stderr, "RAFTLOCKD_CLIENT_PARTICIPANT") {
+		t.Errorf("a participant list that is not CSV: exit %d, stderr %q; want a refusal naming the variable", res.code, res.stderr)
 	}
 }
