@@ -471,7 +471,11 @@ func (u *UTXOs) update(ctx context.Context, c *fsm.UTXOUpdateCmd) (*wire.UTXOUpd
 	if err != nil {
 		return nil, err
 	}
-	return &wire.UTXOUpdateResponse{Updated: res.UTXO.Updated, NotFound: res.UTXO.NotFound, BlockHeight: res.UTXO.Height}, nil
+	out := &wire.UTXOUpdateResponse{Updated: res.UTXO.Updated, NotFound: res.UTXO.NotFound}
+	if c.Kind == fsm.UTXOHeight {
+		out.BlockHeight = &res.UTXO.Height
+	}
+	return out, nil
 }
 
 func (u *UTXOs) outpointOp(ctx context.Context, kind string, ps []wire.UTXOOutpoint) (*wire.UTXOUpdateResponse, error) {

@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 
@@ -713,5 +715,24 @@ func TestUTXOStagedCreateRolledBackBeforeItsRecords(t *testing.T) {
 				t.Fatalf("spend: %q", c)
 			}
 		})
+	}
+}
+
+// The height endpoint answers the height it set, 0 included; the other
+// update endpoints answer no height.
+func TestUTXOHeightIsAnsweredEvenWhenZero(t *testing.T) {
+	f := newUTXOFixture(t, 100)
+	for _, h := range []uint32{5, 0} {
+		out, err := f.u.SetHeight(f.ctx, wire.UTXOHeightRequest{BlockHeight: h})
+		if err != nil || out.BlockHeight == nil || *out.BlockHeight != h {
+			t.Fatalf("height %d answered %+v, %v", h, out, err)
+		}
+		if raw, _ := json.Marshal(out); !strings.Contains(string(raw), `"block_height":`) {
+			t.Fatalf("height %d answered %s", h, raw)
+		}
+	}
+	out, err := f.u.SetLocked(f.ctx, wire.UTXOFlagRequest{TxIDs: []string{strings.Repeat("a", 64)}, Value: true})
+	if err != nil || out.BlockHeight != nil {
+		t.Fatalf("locked answered %+v, %v", out, err)
 	}
 }

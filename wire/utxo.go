@@ -198,7 +198,7 @@ func (UTXOHeightRequest) RequiredFields() []string { return []string{"block_heig
 type UTXOUpdateResponse struct {
 	Updated     int      `json:"updated"`
 	NotFound    []string `json:"not_found,omitempty"`
-	BlockHeight uint32   `json:"block_height,omitempty"`
+	BlockHeight *uint32  `json:"block_height,omitempty"` // the height endpoint's answer, 0 included
 }
 
 // UTXOTxOutput is an output as GET /v1/utxo/tx shows it.

@@ -89,7 +89,7 @@ func TestCLIUTXO(t *testing.T) {
 
 	var updated wire.UTXOUpdateResponse
 	utxo(&updated, `{"block_height":500}`, "height")
-	if updated.BlockHeight != 500 {
+	if updated.BlockHeight == nil || *updated.BlockHeight != 500 {
 		t.Fatalf("height answered %+v", updated)
 	}
 
