@@ -119,9 +119,10 @@ func (e *Enlisted) check(c Coordinated) (Coordinated, error) {
 // Prepare enlists this island's participants in a transaction coordinated
 // by another island and locks them for it until its decision arrives. A
 // participant held by another transaction fails the prepare at once with
-// txn_lock_conflict (LOCKED:<holder>), without a Raft round; so does a
-// repeated prepare that is already in place. A decided transaction answers
-// with its decision.
+// txn_lock_conflict (LOCKED:<holder>), without a Raft round unless the
+// transaction holds something here already (then it is rolled back here
+// first); a repeated prepare that is already in place needs no Raft round
+// either. A decided transaction answers with its decision.
 func (e *Enlisted) Prepare(ctx context.Context, c Coordinated) (*fsm.TxnInfo, error) {
 	c, err := e.check(c)
 	if err != nil {
@@ -137,6 +138,8 @@ func (e *Enlisted) Prepare(ctx context.Context, c Coordinated) (*fsm.TxnInfo, er
 		return nil, errcode.InvalidParams.With("a prepare needs expires_at_unix")
 	}
 	var done *fsm.TxnInfo
+	var conflict *errcode.Error
+	holds := false
 	err = e.store.Read(ctx, func(v *fsm.View) error {
 		if seen := v.TCTerm(c.Home); c.Term < seen {
 			return errcode.TCTermStale.With("term %d of island %s's coordinator is older than %d", c.Term, c.Home, seen)
@@ -148,7 +151,8 @@ func (e *Enlisted) Prepare(ctx context.Context, c Coordinated) (*fsm.TxnInfo, er
 		}
 		for _, p := range c.Participants {
 			if holder, ok := v.Conflict(p.Namespace, p.Key, c.TxnID, c.Owner); ok {
-				return errcode.TxnLockConflict.With("%s%s", fsm.LockedPrefix, holder)
+				conflict, holds = errcode.TxnLockConflict.With("%s%s", fsm.LockedPrefix, holder), t != nil
+				return nil
 			}
 		}
 		if t != nil && t.Home == c.Home && t.ExpiresAt >= c.ExpiresAt.UnixMilli() && covers(t.Participants, c.Participants) {
@@ -158,6 +162,20 @@ func (e *Enlisted) Prepare(ctx context.Context, c Coordinated) (*fsm.TxnInfo, er
 	})
 	if err != nil || done != nil {
 		return done, err
+	}
+	if conflict != nil {
+		// The coordinator rolls the transaction back for good and counts
+		// an island that answered a conflict as done. One where the
+		// transaction holds something already (a lease it took here, a
+		// delivery) rolls it back itself before answering, so that nothing
+		// stays held and nothing commits here later.
+		if holds {
+			if _, err := e.store.Propose(ctx, &fsm.Command{Op: fsm.OpTxnRMApply, RMApply: &fsm.RMApplyCmd{
+				TxnID: c.TxnID, State: fsm.TxnRollback, Home: c.Home, Term: c.Term, Participants: local(c.Participants)}}); err != nil {
+				return nil, err
+			}
+		}
+		return nil, conflict
 	}
 	res, err := e.store.Propose(ctx, &fsm.Command{Op: fsm.OpTxnPrepare, Prepare: &fsm.PrepareCmd{
 		TxnID: c.TxnID, Home: c.Home, Term: c.Term, ExpiresAt: c.ExpiresAt.UnixMilli(), Owner: c.Owner,

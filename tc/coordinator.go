@@ -432,14 +432,14 @@ func (c *Coordinator) prepare(ctx context.Context, d Decision) (*fsm.TxnInfo, er
 // commit prepares what is not prepared yet, records the commit and fans it
 // out.
 func (c *Coordinator) commit(ctx context.Context, d Decision, rec *fsm.TxnRecord) (*fsm.TxnInfo, error) {
-	if rec == nil {
-		conflict, err := c.localConflict(ctx, d)
-		if err != nil {
-			return nil, err
-		}
-		if conflict != nil {
-			return c.abort(ctx, d, fsm.ReasonLockConflict, conflict.Detail)
-		}
+	// A transaction with a record here (its leases, a pending decision)
+	// may name participants it never locked.
+	conflict, err := c.localConflict(ctx, d)
+	if err != nil {
+		return nil, err
+	}
+	if conflict != nil {
+		return c.abort(ctx, d, fsm.ReasonLockConflict, conflict.Detail)
 	}
 	var prepared []string
 	if rec != nil {

@@ -657,6 +657,69 @@ func TestLockConflictFailsFastAndForGood(t *testing.T) {
 	clean(t, a, b)
 }
 
+// An island that answers a lock conflict while the transaction holds
+// something there already (a lease it took on that island, with a staged
+// write) rolls that back itself before answering: the coordinator counts
+// it as done, and nothing the transaction staged there commits later
+// through a release of its lease.
+func TestAConflictOnAnIslandWhereTheTransactionHoldsKeysRollsThemBack(t *testing.T) {
+	a, b := startIsland(t, "a"), startIsland(t, "b")
+	register(t, a, b)
+	ctx := context.Background()
+	busy := acquire(t, b.client(), "busy", xid.New().String(), "other")
+	txn := xid.New().String()
+	la, lb := acquire(t, a.client(), "ka", txn, "me"), acquire(t, b.client(), "kb", txn, "me")
+	stage(t, la, `{"v":1}`)
+	stage(t, lb, `{"v":1}`)
+	_, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateCommit, Owner: "me",
+		Participants: []wire.TxnParticipant{part("ka", a), part("kb", b), part("busy", b)}})
+	if ce := wantCode(t, err, http.StatusConflict, "txn_lock_conflict"); ce.Envelope.Detail != "LOCKED:other" {
+		t.Fatalf("detail: %q", ce.Envelope.Detail)
+	}
+	if r := b.record(txn); r == nil || r.State != fsm.TxnRollback {
+		t.Fatalf("b's record of the transaction: %+v", r)
+	}
+	if err := lb.Release(ctx, false); err == nil {
+		t.Fatal("a release on b committed a transaction its coordinator rolled back")
+	}
+	if got := publicDoc(t, b.client(), "kb"); got != "" {
+		t.Fatalf("kb on b: %q", got)
+	}
+	if d, err := b.client().Describe(ctx, "", "kb"); err != nil || d.LeaseID != "" {
+		t.Fatalf("kb still held: %+v %v", d, err)
+	}
+	if err := busy.Release(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	clean(t, a, b)
+}
+
+// A commit names participants the transaction never locked, also when
+// it has a record already (a lease it took): one held by another
+// transaction is a lock conflict, as it is for a prepare.
+func TestACommitOfATransactionWithLeasesChecksItsOtherParticipants(t *testing.T) {
+	a := startIsland(t, "a")
+	ctx := context.Background()
+	held := acquire(t, a.client(), "held", xid.New().String(), "alice")
+	txn := xid.New().String()
+	acquire(t, a.client(), "mine", txn, "bob")
+	_, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateCommit, Owner: "bob",
+		Participants: []wire.TxnParticipant{part("mine", a), part("held", a)}})
+	if ce := wantCode(t, err, http.StatusConflict, "txn_lock_conflict"); ce.Envelope.Detail != "LOCKED:alice" {
+		t.Fatalf("detail: %q", ce.Envelope.Detail)
+	}
+	if r := a.record(txn); r.State != fsm.TxnRollback || r.Reason != fsm.ReasonLockConflict {
+		t.Fatalf("record: %+v", r)
+	}
+	if d, err := a.client().Describe(ctx, "", "held"); err != nil || d.LeaseID != held.LeaseID {
+		t.Fatalf("alice's lease: %+v %v", d, err)
+	}
+	if err := held.Release(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	clean(t, a)
+}
+
 func TestIslandsLearnEachOtherFromPeers(t *testing.T) {
 	// a knows b, c knows b: both introduce themselves to b, which passes
 	// each on to the other.
