@@ -13,7 +13,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,6 +22,7 @@ import (
 	"github.com/raftlockd/raftlockd/client"
 	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/fsm"
+	"github.com/raftlockd/raftlockd/internal/lockedbuf"
 	"github.com/raftlockd/raftlockd/internal/testutil"
 	"github.com/raftlockd/raftlockd/server"
 	"github.com/raftlockd/raftlockd/wire"
@@ -150,7 +150,7 @@ func TestADataDirectoryKeepsItsNode(t *testing.T) {
 func TestDisabledMTLSIsAnnouncedAtEveryStart(t *testing.T) {
 	dir := t.TempDir()
 	for _, disable := range []bool{true, true, false} {
-		var buf lockedBuffer
+		var buf lockedbuf.Buffer
 		cfg := testutil.Config(t, dir)
 		cfg.DisableMTLS = disable
 		srv, err := server.Start(cfg, slog.New(slog.NewTextHandler(&buf, nil)))
@@ -176,7 +176,7 @@ func TestDisabledMTLSIsAnnouncedAtEveryStart(t *testing.T) {
 // on first start, keeps them on the next, and a client holding the
 // created client bundle is served.
 func TestSingleNodeDefaultCreatesItsBundles(t *testing.T) {
-	var buf lockedBuffer
+	var buf lockedbuf.Buffer
 	cfg := testutil.Config(t, t.TempDir())
 	cfg.Bundle = ""
 	cfg.Listen = testutil.FreeAddr(t) // kept across the restart; the certificate names it
@@ -235,23 +235,6 @@ func TestClusterNodeWithoutBundleIsRefused(t *testing.T) {
 	if _, err := os.Stat(cfg.TLSDir()); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("a bundle directory was created: %v", err)
 	}
-}
-
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func TestInvalidConfigIsRejected(t *testing.T) {

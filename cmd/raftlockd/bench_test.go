@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/raftlockd/raftlockd/internal/lockedbuf"
 	"github.com/raftlockd/raftlockd/internal/testutil"
 )
 
@@ -155,7 +156,7 @@ func TestBenchInterruptedCleansUp(t *testing.T) {
 			cmd := exec.Command(testutil.Binary(t), "bench", "--spawn", "1", "--dir", dir, "--runs", "lock=1",
 				"--rounds", "1000", "--duration", "1s", "--warmup", "0s")
 			cmd.Env = baseEnv(t)
-			var out lockedBuffer
+			var out lockedbuf.Buffer
 			cmd.Stdout, cmd.Stderr = &out, &out
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)

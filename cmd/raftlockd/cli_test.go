@@ -16,12 +16,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/raftlockd/raftlockd/auth"
+	"github.com/raftlockd/raftlockd/internal/lockedbuf"
 	"github.com/raftlockd/raftlockd/internal/testutil"
 	"github.com/raftlockd/raftlockd/wire"
 )
@@ -31,24 +31,6 @@ import (
 // way an operator would. Servers serve mutual TLS unless a test is about
 // plain HTTP; the commands find the bundles in the server's data directory
 // through RAFTLOCKD_DATA_DIR, as they would on the server's machine.
-
-// lockedBuffer collects a child process's output while it runs.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
 
 // dataHome stands in for XDG_DATA_HOME in every child process (see
 // TestMain): an empty directory, so that no command finds the bundles of
@@ -77,7 +59,7 @@ type serverProc struct {
 	t       testing.TB
 	cmd     *exec.Cmd
 	url     string // https://listen, or http:// with mTLS disabled
-	log     *lockedBuffer
+	log     *lockedbuf.Buffer
 	done    chan struct{} // closed once the process has exited
 	waitErr error
 	nodeID  string // the node id it is started with; "" when it keeps one in its data dir
@@ -123,7 +105,7 @@ func serverFlags(dataDir, listen, raftListen string) []string {
 // environment and kills it when the test ends. It does not wait for it.
 func spawnServer(t testing.TB, listen string, args, env []string) *serverProc {
 	t.Helper()
-	p := &serverProc{t: t, url: "https://" + listen, log: &lockedBuffer{}, done: make(chan struct{}),
+	p := &serverProc{t: t, url: "https://" + listen, log: &lockedbuf.Buffer{}, done: make(chan struct{}),
 		dataDir: flagValue(args, env, "data-dir"), bundle: flagValue(args, env, "bundle")}
 	if mtlsDisabled(args, env) {
 		p.url = "http://" + listen
