@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/binary"
 	"fmt"
 	"sync"
 	"time"
@@ -90,14 +91,18 @@ func (p *packer) propose(ctx context.Context, data []byte) (interface{}, error) 
 }
 
 // take removes the commands of the next entry from the queue, unless an
-// entry is on its way. The caller holds mu and offers what it gets.
+// entry is on its way. The caller holds mu and offers what it gets. Once
+// packing is off (a server that cannot apply packed entries joined the
+// configuration), the commands that queued meanwhile go one per entry.
+// The size counts the packed framing (fsm.EncodePacked's bound) too.
 func (p *packer) take() []*proposal {
 	if p.busy || len(p.queue) == 0 {
 		return nil
 	}
-	n, size := 1, len(p.queue[0].data)
-	for n < len(p.queue) && n < fsm.MaxPacked && size+len(p.queue[n].data) <= p.maxSize {
-		size += len(p.queue[n].data)
+	const frame = binary.MaxVarintLen64
+	n, size := 1, 1+frame+frame+len(p.queue[0].data)
+	for p.packs() && n < len(p.queue) && n < fsm.MaxPacked && size+frame+len(p.queue[n].data) <= p.maxSize {
+		size += frame + len(p.queue[n].data)
 		n++
 	}
 	batch := make([]*proposal, n)

@@ -1,10 +1,14 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -12,6 +16,7 @@ import (
 
 	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/fsm"
+	"github.com/raftlockd/raftlockd/internal/lockedbuf"
 )
 
 // acquireAll acquires one key per goroutine, all at once, and fails unless
@@ -133,6 +138,69 @@ func TestAServerThatCannotApplyPackedEntriesKeepsTheLeaderFromPacking(t *testing
 	}
 }
 
+// heldPacker is a packer whose entries are sent on sent and answered once
+// release is closed: a single command with Queued, a packed pair with
+// Queued and Cancelled.
+func heldPacker(packs func() bool, maxSize int) (p *packer, sent chan []byte, release chan struct{}) {
+	release, sent = make(chan struct{}), make(chan []byte, 8)
+	p = &packer{maxSize: maxSize, packs: packs, sent: func(int) {},
+		send: func(data []byte, timeout time.Duration) (raft.Future, error) {
+			sent <- data
+			<-release
+			if data[0] == 2 {
+				return heldFuture{resp: fsm.Results{{Queued: true}, {Cancelled: true}}}, nil
+			}
+			return heldFuture{resp: &fsm.Result{Queued: true}}, nil
+		}}
+	return p, sent, release
+}
+
+func cmd(s string) []byte { return []byte("\x01" + s) }
+
+// queueBehind proposes each command in the background, once the one
+// before is queued behind the entry in flight.
+func queueBehind(t *testing.T, p *packer, cmds ...[]byte) {
+	t.Helper()
+	for _, c := range cmds {
+		go func() { _, _ = p.propose(context.Background(), c) }()
+		waitFor(t, 5*time.Second, "the command to queue", func() bool {
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			return len(p.queue) > 0 && bytes.Equal(p.queue[len(p.queue)-1].data, c)
+		})
+	}
+}
+
+// Commands queued behind an entry when packing is switched off (a server
+// that cannot apply packed entries joined) go one per entry; a packed
+// entry, framing included, stays within the packer's size.
+func TestPackedEntriesStayWithinWhatTheServersTake(t *testing.T) {
+	var packs atomic.Bool
+	packs.Store(true)
+	p, sent, release := heldPacker(packs.Load, 1<<20)
+	go func() { _, _ = p.propose(context.Background(), cmd("first")) }()
+	<-sent
+	queueBehind(t, p, cmd("second"), cmd("third"))
+	packs.Store(false)
+	close(release)
+	for _, want := range []string{"second", "third"} {
+		if got := <-sent; !bytes.Equal(got, cmd(want)) {
+			t.Fatalf("after packing was switched off: entry %q, want %q alone", got, cmd(want))
+		}
+	}
+
+	p, sent, release = heldPacker(func() bool { return true }, 1<<20)
+	go func() { _, _ = p.propose(context.Background(), cmd("first")) }()
+	<-sent
+	queueBehind(t, p, cmd(strings.Repeat("x", 1<<19-1)), cmd(strings.Repeat("y", 1<<19-1)))
+	close(release)
+	for range 2 {
+		if got := <-sent; len(got) > p.maxSize {
+			t.Fatalf("an entry of %d bytes, over the packer's %d", len(got), p.maxSize)
+		}
+	}
+}
+
 // heldFuture is the answer of a send that the test releases.
 type heldFuture struct {
 	raft.ApplyFuture
@@ -145,18 +213,7 @@ func (f heldFuture) Response() interface{} { return f.resp }
 // A command whose caller gives up while it waits for the entry before it
 // is never proposed; the ones behind it go together in the next entry.
 func TestACommandWithdrawnWhileWaitingIsNeverProposed(t *testing.T) {
-	release := make(chan struct{})
-	sent := make(chan []byte, 4)
-	p := &packer{maxSize: 1 << 20, packs: func() bool { return true }, sent: func(int) {},
-		send: func(data []byte, timeout time.Duration) (raft.Future, error) {
-			sent <- data
-			<-release
-			if data[0] == 2 {
-				return heldFuture{resp: fsm.Results{{Queued: true}, {Cancelled: true}}}, nil
-			}
-			return heldFuture{resp: &fsm.Result{Queued: true}}, nil
-		}}
-	cmd := func(s string) []byte { return []byte("\x01" + s) }
+	p, sent, release := heldPacker(func() bool { return true }, 1<<20)
 	first := make(chan interface{}, 1)
 	go func() { r, _ := p.propose(context.Background(), cmd("first")); first <- r }()
 	if got := <-sent; string(got) != string(cmd("first")) {
@@ -205,4 +262,38 @@ func TestACommandWithdrawnWhileWaitingIsNeverProposed(t *testing.T) {
 		t.Fatalf("%q sent after the last entry", data)
 	default:
 	}
+}
+
+// A server announcing an older entry format (a build from before packed
+// entries) is not added to the configuration, since the log it would be
+// sent may hold entries it cannot apply; announcing the current format, it
+// is.
+func TestAServerOfAnOlderBuildIsNotAdded(t *testing.T) {
+	var logs lockedbuf.Buffer
+	first := gossipConfig(t, "n1", 1, nil)
+	first.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	leader := openNode(t, first)
+	waitFor(t, 10*time.Second, "n1 to lead", leader.IsLeader)
+	old := openNode(t, gossipConfig(t, "n2", 0, nil))
+	meta := *old.gossip.self.Load()
+	meta.Format = 1
+	old.gossip.self.Store(&meta)
+	if err := old.gossip.ml.UpdateNode(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.gossip.ml.Join([]string{first.Gossip.Bind}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "the leader to refuse n2", func() bool {
+		return logs.Contains("not adding a server of an older build") && logs.Contains("id=n2")
+	})
+	if voters(t, leader)["n2"] {
+		t.Fatal("a server of an older build was added")
+	}
+	meta.Format = fsm.EntryFormat
+	old.gossip.self.Store(&meta)
+	if err := old.gossip.ml.UpdateNode(time.Second); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "n2 to be added once it announces the current format", func() bool { return voters(t, leader)["n2"] })
 }

@@ -173,6 +173,13 @@ func (p *pilot) addNewServers() {
 		if addr, ok := inConfig[raft.ServerID(m.ID)]; ok && addr == raft.ServerAddress(m.RaftAddr) {
 			continue
 		}
+		if m.meta.Format < fsm.EntryFormat {
+			// An older build: the log it would be sent may hold entries
+			// it cannot apply (packed ones), and it would stop on them.
+			p.g.n.cfg.Logger.Warn("not adding a server of an older build: it cannot apply this cluster's log entries",
+				"id", m.ID, "entry_format", m.meta.Format, "want", fsm.EntryFormat)
+			continue
+		}
 		// Only a server that answers over the cluster's own channel (over
 		// mutual TLS, when it is on) and is who gossip says it is gets in.
 		ctx, cancel := context.WithTimeout(p.g.ctx, 2*time.Second)
