@@ -244,22 +244,24 @@ func (p *peers) callOnce(ctx context.Context, addr, method string, args, reply a
 		return notDelivered{e}
 	}
 	call := c.Go("Cluster."+method, args, reply, make(chan *rpc.Call, 1))
+	// net/rpc refuses a call on a connection it knows is gone at once,
+	// before sending anything, with ErrShutdown. It also gives calls
+	// already sent ErrShutdown when the peer hangs up while the client is
+	// being closed; so only a refusal that came back within Go counts as
+	// never sent.
 	select {
 	case <-call.Done:
-		if call.Error != nil {
+		unsent := errors.Is(call.Error, rpc.ErrShutdown)
+		if unsent && pooled && redial {
 			p.drop(addr, c)
-			gone := errors.Is(call.Error, rpc.ErrShutdown) // the connection was already gone
-			if gone && pooled && redial {
-				return p.callOnce(ctx, addr, method, args, reply, false)
-			}
-			e := errcode.Unavailable.With("%s to %s failed: %v", method, addr, call.Error)
-			e.RetryAfter = 1
-			if gone {
-				return notDelivered{e}
-			}
-			return e
+			return p.callOnce(ctx, addr, method, args, reply, false)
 		}
-		return nil
+		return p.answered(addr, c, method, call, unsent)
+	default:
+	}
+	select {
+	case <-call.Done:
+		return p.answered(addr, c, method, call, false)
 	case <-ctx.Done():
 		if errors.Is(context.Cause(ctx), errLeaderMoved) {
 			// The peer stopped leading and did not answer: its connection
@@ -269,6 +271,21 @@ func (p *peers) callOnce(ctx context.Context, addr, method string, args, reply a
 		}
 		return fmt.Errorf("cluster: %s to %s: %w", method, addr, ctx.Err())
 	}
+}
+
+// answered reports how call, made on c, ended: a failure drops the
+// connection, and is notDelivered when the request never left (unsent).
+func (p *peers) answered(addr string, c *rpc.Client, method string, call *rpc.Call, unsent bool) error {
+	if call.Error == nil {
+		return nil
+	}
+	p.drop(addr, c)
+	e := errcode.Unavailable.With("%s to %s failed: %v", method, addr, call.Error)
+	e.RetryAfter = 1
+	if unsent {
+		return notDelivered{e}
+	}
+	return e
 }
 
 func (p *peers) close() {
