@@ -107,7 +107,7 @@ func TestFailedWaitingDequeueLeavesTheQueue(t *testing.T) {
 // for a transaction the coordinator already counted as done here.
 func TestRollbackBeforeItsPrepareIsKept(t *testing.T) {
 	s := newFSMStore(t)
-	e := NewEnlisted(s, s, storeClock{s})
+	e := NewEnlisted(s, s, storeClock{s}, 30*time.Second)
 	ctx := context.Background()
 	txn := xid.New().String()
 	ps := []fsm.Participant{{Namespace: "default", Key: "k"}}

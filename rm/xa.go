@@ -25,14 +25,16 @@ type Island interface {
 // Enlisted serves the resource manager endpoints of two-phase
 // transactions.
 type Enlisted struct {
-	store  Store
-	island Island
-	clock  Clock
+	store      Store
+	island     Island
+	clock      Clock
+	pendingTTL time.Duration // how long a prepare that names no expiry holds
 }
 
-// NewEnlisted wires the resource manager of an island.
-func NewEnlisted(store Store, island Island, clock Clock) *Enlisted {
-	return &Enlisted{store: store, island: island, clock: clock}
+// NewEnlisted wires the resource manager of an island; a prepare that
+// names no expiry holds its participants for pendingTTL.
+func NewEnlisted(store Store, island Island, clock Clock, pendingTTL time.Duration) *Enlisted {
+	return &Enlisted{store: store, island: island, clock: clock, pendingTTL: pendingTTL}
 }
 
 // Coordinated is a request of another island's coordinator.
@@ -135,7 +137,7 @@ func (e *Enlisted) Prepare(ctx context.Context, c Coordinated) (*fsm.TxnInfo, er
 		return nil, errcode.TxnBackendMismatch.With("island %s coordinates this transaction itself", c.Home)
 	}
 	if c.ExpiresAt.IsZero() {
-		return nil, errcode.InvalidParams.With("a prepare needs expires_at_unix")
+		c.ExpiresAt = e.clock.Now().Add(e.pendingTTL)
 	}
 	var done *fsm.TxnInfo
 	var conflict *errcode.Error

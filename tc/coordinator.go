@@ -250,7 +250,8 @@ func (c *Coordinator) check(d Decision) (Decision, error) {
 // a retry answers the same at once). Commit prepares the other islands'
 // participants if needed, records the decision, applies it here in the
 // same entry and then on every other island; rollback likewise. A decision
-// already recorded is answered as it is.
+// already recorded is answered as it is, once the islands that had not
+// applied it were sent it again.
 func (c *Coordinator) Decide(ctx context.Context, d Decision) (*fsm.TxnInfo, error) {
 	d, err := c.check(d)
 	if err != nil {
@@ -272,6 +273,12 @@ func (c *Coordinator) Decide(ctx context.Context, d Decision) (*fsm.TxnInfo, err
 		return nil, e
 	}
 	if rec != nil && rec.State != fsm.TxnPending {
+		if rec.State == d.State && len(rec.Unacked()) > 0 {
+			// A retry after txn_fanout_failed sends the decision again
+			// to the islands still missing it, and says whether they
+			// have it now.
+			return c.fanoutAgain(ctx, recordInfo(rec))
+		}
 		return c.answer(rec, d.State)
 	}
 	if unknown != nil {
@@ -291,6 +298,14 @@ func (c *Coordinator) Decide(ctx context.Context, d Decision) (*fsm.TxnInfo, err
 		return c.commit(ctx, d, rec)
 	}
 	return c.finish(ctx, d, fsm.ReasonTC, "")
+}
+
+// fanoutAgain sends a recorded decision to the islands that have not
+// applied it, as the request that recorded it did.
+func (c *Coordinator) fanoutAgain(ctx context.Context, info *fsm.TxnInfo) (*fsm.TxnInfo, error) {
+	c.fanning.Store(info.TxnID, struct{}{})
+	defer c.fanning.Delete(info.TxnID)
+	return info, c.fanout(ctx, info)
 }
 
 // unknownIsland refuses participants on an island that no RM is registered

@@ -500,6 +500,37 @@ func TestIslandDownDuringFanoutAnswers502ThenReplayCompletes(t *testing.T) {
 	clean(t, a, b)
 }
 
+// A decision retried after txn_fanout_failed is sent again to the islands
+// still missing it: 502 again while one is down, and once it is back the
+// answer comes after it applied the decision.
+func TestARetriedDecisionAfterAFailedFanoutIsSentAgain(t *testing.T) {
+	a, b, txn, _, _ := twoIslandTxn(t, `{"v":4}`)
+	ctx := context.Background()
+	if _, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStatePending,
+		Participants: []wire.TxnParticipant{part("ka", a), part("kb", b)}}); err != nil {
+		t.Fatal(err)
+	}
+	b.stop()
+	commit := wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateCommit}
+	for range 2 {
+		_, err := a.client().TxnDecide(ctx, commit)
+		wantCode(t, err, http.StatusBadGateway, "txn_fanout_failed")
+	}
+	_, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateRollback})
+	wantCode(t, err, http.StatusConflict, "txn_committed")
+	b.start()
+	if out, err := a.client().TxnDecide(ctx, commit); err != nil || out.State != fsm.TxnCommit {
+		t.Fatalf("commit retried with b back: %+v %v", out, err)
+	}
+	if r := b.record(txn); r == nil || r.State != fsm.TxnCommit {
+		t.Fatalf("b answered the retry without the decision applied: %+v", r)
+	}
+	if st, err := a.client().TxnStatus(ctx, txn); err != nil || !slices.Contains(st.Acked, b.hash()) {
+		t.Fatalf("status after the retry: %+v %v", st, err)
+	}
+	clean(t, a, b)
+}
+
 // A participant island that does not answer a prepare is a transient
 // failure: 503 txn_island_unreachable with a retry hint, the transaction
 // stays open (nothing recorded as failed for good), and the same prepare
@@ -810,7 +841,6 @@ func TestInDoubtParticipantAsksItsCoordinator(t *testing.T) {
 	for _, req := range []wire.TxnDecisionRequest{
 		{TxnID: "not-an-xid", TCTerm: term, TCBackendHash: a.hash(), ExpiresAtUnix: time.Now().Add(time.Minute).Unix()},
 		{TxnID: xid.New().String(), TCBackendHash: a.hash(), ExpiresAtUnix: time.Now().Add(time.Minute).Unix()},
-		{TxnID: xid.New().String(), TCTerm: term, TCBackendHash: a.hash()},
 		{TxnID: xid.New().String(), TCTerm: term, TCBackendHash: b.hash(), ExpiresAtUnix: time.Now().Add(time.Minute).Unix()},
 	} {
 		_, err := b.client().TxnPrepare(ctx, req)
@@ -820,6 +850,28 @@ func TestInDoubtParticipantAsksItsCoordinator(t *testing.T) {
 		}
 	}
 	if err := free.Release(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	clean(t, a, b)
+}
+
+// An RM prepare that names no expiry holds its participants for
+// --tc-pending-ttl (30 s here), as a decide does.
+func TestAPrepareWithoutAnExpiryHoldsForThePendingTTL(t *testing.T) {
+	a, b := startIsland(t, "a"), startIsland(t, "b")
+	register(t, a, b)
+	txn := xid.New().String()
+	out, err := b.client().TxnPrepare(context.Background(), wire.TxnDecisionRequest{TxnID: txn, TCTerm: a.srv.Node().Term(),
+		TCBackendHash: a.hash(), Owner: "w", Participants: []wire.TxnParticipant{part("kb", b)}})
+	if err != nil || out.State != fsm.TxnPending {
+		t.Fatalf("prepare: %+v %v", out, err)
+	}
+	r := b.record(txn)
+	if left := time.Until(time.UnixMilli(r.ExpiresAt)); left < 20*time.Second || left > 31*time.Second {
+		t.Fatalf("the prepare holds for %v", left)
+	}
+	if _, err := a.client().TxnDecide(context.Background(), wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateRollback,
+		Participants: []wire.TxnParticipant{part("kb", b)}}); err != nil {
 		t.Fatal(err)
 	}
 	clean(t, a, b)
