@@ -468,16 +468,24 @@ func twoIslandTxn(t *testing.T, doc string) (a, b *island, txn string, la, lb *c
 	return a, b, txn, la, lb
 }
 
-func TestIslandDownDuringFanoutAnswers502ThenReplayCompletes(t *testing.T) {
-	a, b, txn, _, _ := twoIslandTxn(t, `{"v":3}`)
-	ctx := context.Background()
-	if _, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStatePending,
+// committedWithBDown prepares a two-island transaction staging doc, stops
+// b and commits: 502 txn_fanout_failed.
+func committedWithBDown(t *testing.T, doc string) (a, b *island, txn string) {
+	t.Helper()
+	a, b, txn, _, _ = twoIslandTxn(t, doc)
+	if _, err := a.client().TxnDecide(context.Background(), wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStatePending,
 		Participants: []wire.TxnParticipant{part("ka", a), part("kb", b)}}); err != nil {
 		t.Fatal(err)
 	}
 	b.stop()
-	_, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateCommit})
+	_, err := a.client().TxnDecide(context.Background(), wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateCommit})
 	wantCode(t, err, http.StatusBadGateway, "txn_fanout_failed")
+	return a, b, txn
+}
+
+func TestIslandDownDuringFanoutAnswers502ThenReplayCompletes(t *testing.T) {
+	a, b, txn := committedWithBDown(t, `{"v":3}`)
+	ctx := context.Background()
 	st, err := a.client().TxnStatus(ctx, txn)
 	if err != nil || st.State != fsm.TxnCommit || len(st.Acked) != 0 {
 		t.Fatalf("the decision must stay recorded: %+v %v", st, err)
@@ -504,19 +512,12 @@ func TestIslandDownDuringFanoutAnswers502ThenReplayCompletes(t *testing.T) {
 // still missing it: 502 again while one is down, and once it is back the
 // answer comes after it applied the decision.
 func TestARetriedDecisionAfterAFailedFanoutIsSentAgain(t *testing.T) {
-	a, b, txn, _, _ := twoIslandTxn(t, `{"v":4}`)
+	a, b, txn := committedWithBDown(t, `{"v":4}`)
 	ctx := context.Background()
-	if _, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStatePending,
-		Participants: []wire.TxnParticipant{part("ka", a), part("kb", b)}}); err != nil {
-		t.Fatal(err)
-	}
-	b.stop()
 	commit := wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateCommit}
-	for range 2 {
-		_, err := a.client().TxnDecide(ctx, commit)
-		wantCode(t, err, http.StatusBadGateway, "txn_fanout_failed")
-	}
-	_, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateRollback})
+	_, err := a.client().TxnDecide(ctx, commit)
+	wantCode(t, err, http.StatusBadGateway, "txn_fanout_failed")
+	_, err = a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateRollback})
 	wantCode(t, err, http.StatusConflict, "txn_committed")
 	b.start()
 	if out, err := a.client().TxnDecide(ctx, commit); err != nil || out.State != fsm.TxnCommit {
