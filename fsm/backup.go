@@ -111,7 +111,7 @@ var recordChecks = []struct {
 	{bucketQMsgs, jsonOf[Message]},
 	{bucketQWaiters, jsonOf[QueueWaiter]},
 	{bucketQEnded, jsonOf[deliveryEnd]},
-	{bucketQIdem, jsonOf[MessageInfo]},
+	{bucketQIdem, jsonOf[idemRecord]},
 	{bucketRMs, jsonOf[RMEntry]},
 	{bucketRevoked, jsonOf[Revocation]},
 	{bucketTrust, jsonOf[TrustedCA]},

@@ -52,7 +52,7 @@ var (
 	bucketQWaitExp = []byte("q_wait_exp") // deadline|q_waiters key -> nil
 	bucketQEnded   = []byte("q_ended")    // message key\0lease id -> deliveryEnd
 	bucketQEndedAt = []byte("q_ended_at") // ended_at|q_ended key -> nil
-	bucketQIdem    = []byte("q_idem")     // message key -> MessageInfo: what an idempotent enqueue answered
+	bucketQIdem    = []byte("q_idem")     // message key -> idemRecord: an idempotent enqueue
 	bucketQIdemAt  = []byte("q_idem_at")  // enqueued_at|message key -> nil
 )
 
@@ -125,9 +125,9 @@ type EnqueueCmd struct {
 	MaxAttempts int             `json:"max_attempts"`      // > 0
 	TxnID       string          `json:"txn,omitempty"`     // visible only when this transaction commits
 	TxnTTL      int64           `json:"txn_ttl,omitempty"` // ms; how long TxnID, holding nothing else, may stay undecided
-	// Idempotent: ID comes from the client's idempotency key. Its first
-	// answer is kept for the decision retention, so that a retry after the
-	// message was consumed is answered again instead of enqueued again.
+	// Idempotent: ID comes from the client's idempotency key. The enqueue
+	// is remembered for the decision retention, so that a retry after the
+	// message was consumed is answered instead of enqueued again.
 	Idempotent bool   `json:"idem,omitempty"`
 	Payload    []byte `json:"-"`
 }
@@ -393,28 +393,37 @@ func (s *applyState) enqueue(c *EnqueueCmd) *Result {
 		s.storeTxn(c.TxnID, t)
 	}
 	s.settle(c.Namespace, c.Queue, k, m)
-	info := messageInfo(c.Namespace, c.Queue, m)
 	if c.Idempotent {
-		s.putJSON(bucketQIdem, k, info)
+		s.putJSON(bucketQIdem, k, idemRecord{At: s.now, Txn: c.TxnID})
 		s.put(bucketQIdemAt, timerKey(s.now, k), nil)
 	}
-	return &Result{Queue: &QueueResult{Message: info}}
+	return &Result{Queue: &QueueResult{Message: messageInfo(c.Namespace, c.Queue, m)}}
+}
+
+// idemRecord remembers an idempotent enqueue for the decision retention:
+// when it was applied, and the transaction it was staged in.
+type idemRecord struct {
+	At  int64  `json:"at"`
+	Txn string `json:"txn,omitempty"`
 }
 
 // enqueuedBefore answers a retry of an idempotent enqueue whose message is
-// gone (acked, dead-lettered, dropped) with the first attempt's answer,
-// unless the transaction it was staged in rolled it back.
+// gone (acked, dead-lettered, dropped) as the first attempt was answered
+// (the retry carries the same request), unless the transaction it was
+// staged in rolled it back.
 func (s *applyState) enqueuedBefore(c *EnqueueCmd, k []byte) *Result {
-	var first MessageInfo
+	var first idemRecord
 	if !c.Idempotent || !s.getJSON(bucketQIdem, k, &first) {
 		return nil
 	}
-	if first.StagedBy != "" {
-		if t := s.txn(first.StagedBy); t != nil && t.State == TxnRollback {
-			return fail(errcode.TxnRolledBack.With("transaction %s, which enqueued message %s, rolled back", first.StagedBy, c.ID))
+	if first.Txn != "" {
+		if t := s.txn(first.Txn); t != nil && t.State == TxnRollback {
+			return fail(errcode.TxnRolledBack.With("transaction %s, which enqueued message %s, rolled back", first.Txn, c.ID))
 		}
 	}
-	return &Result{Queue: &QueueResult{Message: &first}}
+	return &Result{Queue: &QueueResult{Message: &MessageInfo{Namespace: c.Namespace, Queue: c.Queue, ID: c.ID,
+		EnqueuedAt: first.At, VisibleAt: first.At + c.Delay, Visibility: c.Visibility, MaxAttempts: c.MaxAttempts,
+		ContentType: c.ContentType, Bytes: int64(len(c.Payload)), StagedBy: first.Txn}}}
 }
 
 func (s *applyState) dequeue(c *DequeueCmd) *Result {
