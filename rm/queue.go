@@ -487,11 +487,18 @@ func (q *Queues) Stats(ctx context.Context, ns, queue string, c Consistency) (fs
 func (q *Queues) WatchDelivery(ctx context.Context, ns, queue, id, leaseID string) (<-chan fsm.Event, func(), error) {
 	events, stop := q.waits.register(leaseID, "")
 	held := false
-	// Registered first: an end applied after this read is heard of.
-	err := q.store.ReadStale(ctx, func(v *fsm.View) error {
+	// Registered first: an end applied after this read is heard of. The
+	// read is linearizable: a follower the leader handed the delivery to
+	// may not have applied it yet, and would take it for ended. Without a
+	// leader to confirm the read, this server's state is all there is.
+	delivering := func(v *fsm.View) error {
 		held = v.Delivering(ns, queue, id, leaseID)
 		return nil
-	})
+	}
+	err := q.store.Read(ctx, delivering)
+	if err != nil && ctx.Err() == nil {
+		err = q.store.ReadStale(ctx, delivering)
+	}
 	if err != nil {
 		stop()
 		return nil, nil, err

@@ -158,3 +158,36 @@ func TestSubscriptionOutlivesACrashOfItsNode(t *testing.T) {
 		t.Fatalf("the subscription ended with %v", err)
 	}
 }
+
+// A subscription served by a follower leases no more than page_size
+// messages at a time, as one served by the leader: the follower waits to
+// have applied a delivery before it watches for its end.
+func TestASubscriptionOnAFollowerKeepsToItsPageSize(t *testing.T) {
+	c := Start(t, 3)
+	leader := c.WaitLeader(10 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for i := range 5 {
+		if _, err := c.RetryingClient(leader).Enqueue(ctx, wire.EnqueueRequest{Queue: "paged"}, []byte{byte('a' + i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, at := range others(c, leader) {
+		var got []string
+		err := c.Client(at).Subscribe(ctx, wire.DequeueRequest{Queue: "paged", Owner: "s", WaitSeconds: -1, PageSize: 1,
+			VisibilityTimeoutSeconds: 60}, func(d *client.Delivery) error {
+			got = append(got, string(d.Payload))
+			return nil // neither acked nor handed back: it stays leased
+		})
+		if err != nil && !errors.Is(err, errcode.QueueEmpty) {
+			t.Fatalf("subscription on %s: %v", c.Nodes[at].Name, err)
+		}
+		if len(got) != 1 {
+			t.Fatalf("a subscription on follower %s with page_size 1 was sent %q", c.Nodes[at].Name, got)
+		}
+	}
+	st, err := c.Client(leader).QueueStats(ctx, "", "paged", false)
+	if err != nil || st.InFlight != 2 || st.Ready != 3 {
+		t.Fatalf("stats after two subscriptions of one message each: %+v %v", st, err)
+	}
+}
