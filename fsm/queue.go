@@ -785,6 +785,7 @@ func (s *applyState) ack(ns, queue string, k []byte, m *Message) {
 type deliveryEnd struct {
 	Token      int64  `json:"token"`
 	Acked      bool   `json:"acked,omitempty"`
+	Nacked     bool   `json:"nacked,omitempty"`      // by its consumer (not its lease running out)
 	DeadLetter string `json:"dead_letter,omitempty"` // moved there (a nack, or an expiry, past max attempts)
 	Dropped    bool   `json:"dropped,omitempty"`     // its time to live had passed
 }
@@ -834,16 +835,21 @@ func (s *applyState) queueNack(c *QueueNackCmd) *Result {
 	}
 	k, m, fin := s.finishable(c.MessageRef)
 	if fin != nil {
-		if end, ok := s.deliveryEnded(c.MessageRef); ok && !end.Acked {
+		if end, ok := s.deliveryEnded(c.MessageRef); ok && end.Nacked {
 			// A retry: answered with where the first attempt put the message.
 			return &Result{Released: true, Queue: end.outcome()}
 		}
 		return fin
 	}
 	if m.Lease.TxnID != "" {
-		// The rollback ends the delivery (queueResource.finish, requeue).
+		// The rollback ends the delivery (queueResource.finish, requeue);
+		// it ended because its consumer nacked it.
 		s.decide(m.Lease.TxnID, false, ReasonRelease)
-		end, _ := s.deliveryEnded(c.MessageRef)
+		end, ok := s.deliveryEnded(c.MessageRef)
+		if ok {
+			end.Nacked = true
+			s.putJSON(bucketQEnded, endedKey(k, c.LeaseID), end)
+		}
 		res := end.outcome()
 		if m := s.message(k); m != nil && res.Requeued {
 			res.Message = messageInfo(c.Namespace, c.Queue, m)
@@ -884,7 +890,7 @@ func (s *applyState) requeue(ns, queue string, k []byte, m *Message, nacked, fai
 		}
 	}
 	m.VisibleAt = s.now + delay
-	to, tk, end := queue, k, deliveryEnd{}
+	to, tk, end := queue, k, deliveryEnd{Nacked: nacked}
 	if failed && m.Failures >= m.MaxAttempts && m.DeadFrom == "" {
 		to = queue + DeadLetterSuffix
 		body := bytes.Clone(s.b(bucketQBodies).Get(k))
@@ -901,7 +907,7 @@ func (s *applyState) requeue(ns, queue string, k []byte, m *Message, nacked, fai
 		end.DeadLetter = to
 	}
 	if !s.settle(ns, to, tk, m) {
-		s.endDelivery(k, lease, deliveryEnd{Dropped: true})
+		s.endDelivery(k, lease, deliveryEnd{Dropped: true, Nacked: nacked})
 		return &QueueResult{}
 	}
 	s.endDelivery(k, lease, end)

@@ -338,6 +338,9 @@ func TestQueueMessagesInTransactions(t *testing.T) {
 	if tr := txnOf(h, "t2"); tr.State != TxnRollback {
 		t.Fatalf("a nack of an enlisted delivery rolls its transaction back: %+v", tr)
 	}
+	if r := h.one(&Command{Op: OpQNack, QNack: &QueueNackCmd{MessageRef: ref(m2)}}); r.Err != nil || !r.Queue.Requeued {
+		t.Fatalf("a retried nack of an enlisted delivery: %+v", r)
+	}
 	if st := h.stats("q"); st.Ready != 1 || st.Head.ID != "m2" || st.Head.Failures != 1 {
 		t.Fatalf("m2 must be ready again: %+v", st)
 	}
@@ -872,4 +875,20 @@ func nextDeadline(h *harness, retention int64) int64 {
 	var next int64
 	_ = h.f.View(func(v *View) error { next, _ = v.NextDeadline(retention); return nil })
 	return next
+}
+
+// A nack of a delivery whose lease ran out is refused, as an ack is: the
+// expiry ended it, not its consumer, and the nack's delay and error would
+// not be applied. Only a retry of a nack that ended it is answered so.
+func TestANackAfterTheLeaseRanOutIsRefused(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(enq("q", "m1", "x"))
+	m := mustDeliver(t, h.one(deq("q", "r1", 0)))
+	h.now += 10_001 // past the 10 s visibility
+	h.one(sweep())
+	if st := h.stats("q"); st.Ready != 1 {
+		t.Fatalf("the expired delivery is not back: %+v", st)
+	}
+	wantCode(t, h.one(nackCmd(ref(m))), errcode.QueueLeaseMismatch)
+	wantCode(t, h.one(ackCmd(ref(m))), errcode.QueueLeaseMismatch)
 }
