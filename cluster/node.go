@@ -131,7 +131,7 @@ type Node struct {
 	gossip    *gossip
 	metrics   *nodeMetrics
 	packer    *packer
-	packOK    atomic.Bool // every server applies packed entries (gossip.notePacking)
+	packOK    atomic.Bool // every server applies this build's entries (gossip.notePacking)
 	dir       atomic.Pointer[Directory]
 
 	leader    atomic.Bool
@@ -568,3 +568,8 @@ func HasLog(dataDir string) bool {
 	_, err := os.Stat(raftLogIn(raftDirOf(dataDir)))
 	return err == nil
 }
+
+// EveryServerApplies reports whether every server of the configuration
+// announces that it applies this build's entry format (fsm.EntryFormat):
+// commands only this build knows may be proposed.
+func (n *Node) EveryServerApplies() bool { return n.packOK.Load() }

@@ -161,6 +161,8 @@ func (s *applyState) apply(data []byte) *Result {
 		return s.utxoBlock(c.UTXOBlock)
 	case OpUTXOPrune:
 		return s.utxoPrune(c.UTXOPrune)
+	case OpDropWaits:
+		return s.dropWaits(c.DropWaits)
 	}
 	return fail(errcode.UnknownCmd.With("%q", c.Op))
 }
@@ -240,7 +242,7 @@ func (s *applyState) acquire(c *AcquireCmd) *Result {
 		if c.Wait == 0 {
 			return fail(waiting(&rec, s.now, "lease held by another owner"))
 		}
-		s.takeOver(bytes.Clone(wk), c.Attempt, c.Node, s.now+c.Wait)
+		s.takeOver(bytes.Clone(wk), c, s.now+c.Wait)
 		return &Result{Queued: true}
 	}
 	if c.IfNotExists && (rec.State || rec.Lease != nil) {
@@ -260,7 +262,7 @@ func (s *applyState) acquire(c *AcquireCmd) *Result {
 	if c.Wait == 0 {
 		return fail(waiting(&rec, s.now, "lease held by another owner"))
 	}
-	w.Attempt, w.Node = c.Attempt, c.Node
+	w.Attempt, w.Node, w.Run = c.Attempt, c.Node, c.Run
 	w.Deadline, w.EnqueuedAt = s.now+c.Wait, s.now
 	s.addWaiter(k, &rec, w)
 	s.putJSON(bucketKeys, k, rec)
@@ -294,15 +296,15 @@ func waiting(rec *KeyRecord, now int64, detail string) *errcode.Error {
 	return e
 }
 
-// takeOver gives the queued acquire wk to another attempt of its request,
-// waiting until deadline. It keeps its place in the queue.
-func (s *applyState) takeOver(wk []byte, attempt, node string, deadline int64) {
+// takeOver gives the queued acquire wk to another attempt c of its
+// request, waiting until deadline. It keeps its place in the queue.
+func (s *applyState) takeOver(wk []byte, c *AcquireCmd, deadline int64) {
 	var w Waiter
 	if !s.getJSON(bucketWaiters, wk, &w) {
 		return
 	}
 	s.del(bucketWaitExp, timerKey(w.Deadline, wk))
-	w.Attempt, w.Node, w.Deadline = attempt, node, deadline
+	w.Attempt, w.Node, w.Run, w.Deadline = c.Attempt, c.Node, c.Run, deadline
 	s.putJSON(bucketWaiters, wk, w)
 	s.put(bucketWaitExp, timerKey(w.Deadline, wk), nil)
 	s.emit(Event{Kind: EventTimer, When: w.Deadline})

@@ -40,6 +40,7 @@ const (
 	OpUTXOUpdate Op = "utxo_update"
 	OpUTXOBlock  Op = "utxo_block"
 	OpUTXOPrune  Op = "utxo_prune"
+	OpDropWaits  Op = "drop_waits"
 )
 
 // formatV1 is the first byte of every encoded command.
@@ -51,10 +52,16 @@ const formatV1 = 1
 // so that they share one log append.
 const formatPacked = 2
 
+// formatV3 is the first byte of a command only builds of entry format 3
+// apply (drop_waits); it is framed as formatV1. A node of an older build
+// that meets one stops (apply) instead of skipping it and diverging.
+const formatV3 = 3
+
 // EntryFormat is the newest entry format this build applies. Nodes announce
-// it, and a leader packs commands only when every server announces at
-// least formatPacked; an entry of a newer format stops the node (apply).
-const EntryFormat = formatPacked
+// it; a leader packs commands, and a server proposes drop_waits, only when
+// every server announces it (gossip); an entry of a newer format stops the
+// node (apply).
+const EntryFormat = formatV3
 
 // MaxPacked bounds the commands of one packed entry.
 const MaxPacked = 1 << 16
@@ -92,6 +99,7 @@ type Command struct {
 	UTXOUpdate *UTXOUpdateCmd  `json:"utxo_update,omitempty"`
 	UTXOBlock  *UTXOBlockCmd   `json:"utxo_block,omitempty"`
 	UTXOPrune  *UTXOPruneCmd   `json:"utxo_prune,omitempty"`
+	DropWaits  *DropWaitsCmd   `json:"drop_waits,omitempty"`
 }
 
 // AcquireCmd grants a lease on a key, or queues the caller behind the holder.
@@ -110,8 +118,9 @@ type AcquireCmd struct {
 	// that finds the request queued takes the queued place over.
 	Attempt string `json:"attempt,omitempty"`
 	// Node is the server where the requester waits, so that the leader can
-	// tell it of a grant at once.
+	// tell it of a grant at once; Run is that server's run (DropWaitsCmd).
 	Node string `json:"node,omitempty"`
+	Run  string `json:"run,omitempty"`
 }
 
 // CancelWaitCmd withdraws a queued acquire whose caller stopped waiting. It
@@ -201,7 +210,11 @@ func Encode(c *Command) ([]byte, error) {
 		doc = EncodeBlockTxs(c.UTXOBlock.Txs)
 	}
 	out := make([]byte, 0, 2+len(h)+len(doc))
-	out = append(out, formatV1)
+	if c.DropWaits != nil {
+		out = append(out, formatV3)
+	} else {
+		out = append(out, formatV1)
+	}
 	out = append(out, h...)
 	out = append(out, '\n')
 	return append(out, doc...), nil
@@ -256,7 +269,7 @@ func unpack(data []byte) ([][]byte, error) {
 // Decode parses an encoded command. It rejects anything Encode would not have
 // produced, with errcode.MalformedCmd, and never panics.
 func Decode(data []byte) (*Command, error) {
-	if len(data) < 2 || data[0] != formatV1 {
+	if len(data) < 2 || (data[0] != formatV1 && data[0] != formatV3) {
 		return nil, errcode.MalformedCmd.With("unknown command format")
 	}
 	i := bytes.IndexByte(data, '\n')
@@ -273,7 +286,7 @@ func Decode(data []byte) (*Command, error) {
 		c.Sweep != nil, c.Noop != nil, c.SetBackend != nil, c.Decide != nil, c.Prepare != nil, c.RMApply != nil,
 		c.Ack != nil, c.RMRegister != nil, c.Enqueue != nil, c.Dequeue != nil, c.QCancel != nil, c.QAck != nil,
 		c.QNack != nil, c.QExtend != nil, c.Revoke != nil, c.Trust != nil, c.UTXOCreate != nil, c.UTXOSpend != nil,
-		c.UTXOUpdate != nil, c.UTXOBlock != nil, c.UTXOPrune != nil} {
+		c.UTXOUpdate != nil, c.UTXOBlock != nil, c.UTXOPrune != nil, c.DropWaits != nil} {
 		if p {
 			set++
 		}
@@ -335,11 +348,16 @@ func Decode(data []byte) (*Command, error) {
 		ok = c.UTXOBlock != nil
 	case OpUTXOPrune:
 		ok = c.UTXOPrune != nil
+	case OpDropWaits:
+		ok = c.DropWaits != nil
 	default:
 		return nil, errcode.UnknownCmd.With("%q", c.Op)
 	}
 	if !ok {
 		return nil, errcode.MalformedCmd.With("op %q does not match its body", c.Op)
+	}
+	if (data[0] == formatV3) != (c.Op == OpDropWaits) {
+		return nil, errcode.MalformedCmd.With("op %q in a command of format %d", c.Op, data[0])
 	}
 	switch {
 	case c.Write != nil && !c.Write.Delete:

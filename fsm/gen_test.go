@@ -50,6 +50,11 @@ func (g *gen) next() *Command {
 		c.Acquire.Namespace = g.pick([]string{"default", "other"})
 		c.Acquire.Attempt = g.pick([]string{"", "x", "y"})
 		c.Acquire.IfNotExists = g.rng.IntN(5) == 0
+		c.Acquire.Node, c.Acquire.Run = g.pick([]string{"n1", "n2"}), g.pick([]string{"run1", "run2"})
+		if g.rng.IntN(10) == 0 {
+			// A server restarted: what waited on it in its other run goes.
+			return &Command{Op: OpDropWaits, DropWaits: &DropWaitsCmd{Node: c.Acquire.Node, Run: c.Acquire.Run}}
+		}
 		return c
 	case 2:
 		l := g.lease()

@@ -106,6 +106,7 @@ type QueueWaiter struct {
 	Visibility int64  `json:"visibility"`
 	Deadline   int64  `json:"deadline"`
 	Node       string `json:"node,omitempty"`
+	Run        string `json:"run,omitempty"`
 	WithState  bool   `json:"with_state,omitempty"`
 	StateLease string `json:"state_lease,omitempty"`
 	StateTxn   string `json:"state_txn,omitempty"`
@@ -144,6 +145,7 @@ type DequeueCmd struct {
 	Wait       int64  `json:"wait,omitempty"`       // ms; 0: never waits
 	TxnID      string `json:"txn,omitempty"`
 	Node       string `json:"node,omitempty"`
+	Run        string `json:"run,omitempty"` // the run of the server Node (DropWaitsCmd)
 	WithState  bool   `json:"with_state,omitempty"`
 	StateLease string `json:"state_lease,omitempty"` // lease id of the sidecar key
 	StateTxn   string `json:"state_txn,omitempty"`   // its transaction when the delivery has none
@@ -444,7 +446,7 @@ func (s *applyState) dequeue(c *DequeueCmd) *Result {
 		return &Result{Queue: &QueueResult{Queued: true}} // a retry of a waiting dequeue
 	}
 	w := QueueWaiter{RequestID: c.RequestID, Owner: c.Owner, LeaseID: c.LeaseID, TxnID: c.TxnID, Visibility: c.Visibility,
-		Node: c.Node, WithState: c.WithState, StateLease: c.StateLease, StateTxn: c.StateTxn}
+		Node: c.Node, Run: c.Run, WithState: c.WithState, StateLease: c.StateLease, StateTxn: c.StateTxn}
 	qid := queueID(c.Namespace, c.Queue)
 	if rk, id := s.firstReady(qid); rk != nil {
 		if err := s.deliverable(c.Namespace, c.Queue, id, w); err != nil {

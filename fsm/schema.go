@@ -92,6 +92,7 @@ type Waiter struct {
 	EnqueuedAt int64  `json:"enqueued_at"`
 	Attempt    string `json:"attempt,omitempty"` // the attempt of the request that waits now
 	Node       string `json:"node,omitempty"`    // the server where it waits
+	Run        string `json:"run,omitempty"`     // and that server's run
 }
 
 // Participant is one resource enlisted in a transaction: a key of this

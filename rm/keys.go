@@ -70,13 +70,18 @@ type Keys struct {
 	waits  *Waits
 	clock  Clock
 	limits Limits
-	node   string
+	node   Server
 }
+
+// Server names the server a service runs on: its id, and its run, which
+// is new at every start, so that the requests a crash left waiting there
+// can be told from the ones waiting now (fsm.DropWaitsCmd).
+type Server struct{ ID, Run string }
 
 // NewKeys wires a key service of server node. waits must be an observer of
 // the state machine that store replicates; the leader tells node's waits of
 // grants to the acquirers waiting there as soon as it applies them.
-func NewKeys(store Store, waits *Waits, clock Clock, limits Limits, node string) *Keys {
+func NewKeys(store Store, waits *Waits, clock Clock, limits Limits, node Server) *Keys {
 	return &Keys{store: store, waits: waits, clock: clock, limits: limits, node: node}
 }
 
@@ -151,7 +156,7 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 	attempt := xid.New().String()
 	cmd := &fsm.AcquireCmd{Namespace: ns, Key: key, Owner: own, TxnID: txn, LeaseID: xid.New().String(),
 		RequestID: req, TTL: ttl.Milliseconds(), Wait: wait.Milliseconds(), IfNotExists: p.IfNotExists, Attempt: attempt,
-		Node: k.node}
+		Node: k.node.ID, Run: k.node.Run}
 	events, unregister := k.waits.register(req, attempt)
 	defer unregister()
 	res, ev, err := proposeAndWait(ctx, k.store, wait, events, func(left int64) *fsm.Command {

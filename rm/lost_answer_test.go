@@ -43,7 +43,7 @@ func TestFailedBlockedAcquireLeavesTheQueue(t *testing.T) {
 	base := newFSMStore(t)
 	st := &lostAnswerStore{fsmStore: base}
 	k := NewKeys(st, NewWaits(), storeClock{base}, Limits{DefaultTTL: 30 * time.Second, MaxTTL: time.Hour,
-		MaxBlock: time.Minute, MaxStateBytes: 1 << 20}, "n1")
+		MaxBlock: time.Minute, MaxStateBytes: 1 << 20}, Server{ID: "n1"})
 	ctx := context.Background()
 	a, err := k.Acquire(ctx, AcquireParams{Key: "k", Owner: "a", BlockSecs: -1})
 	if err != nil {
@@ -87,7 +87,7 @@ func TestFailedBlockedAcquireLeavesTheQueue(t *testing.T) {
 func TestFailedWaitingDequeueLeavesTheQueue(t *testing.T) {
 	base := newFSMStore(t)
 	st := &lostAnswerStore{fsmStore: base, lose: fsm.OpDequeue}
-	q := NewQueues(st, NewWaits(), storeClock{base}, QueueLimits{MaxWait: time.Minute}, "n1", nil)
+	q := NewQueues(st, NewWaits(), storeClock{base}, QueueLimits{MaxWait: time.Minute}, Server{ID: "n1"}, nil)
 	ctx := context.Background()
 	if _, err := q.Dequeue(ctx, DequeueParams{Queue: "q", Owner: "c", WaitSeconds: 30}); err == nil {
 		t.Fatal("the lost dequeue succeeded")
@@ -121,7 +121,7 @@ func TestRollbackBeforeItsPrepareIsKept(t *testing.T) {
 		t.Fatalf("late prepare: %+v %v, want the rollback", info, err)
 	}
 	k := NewKeys(s, NewWaits(), storeClock{s}, Limits{DefaultTTL: 30 * time.Second, MaxTTL: time.Hour, MaxBlock: time.Minute,
-		MaxStateBytes: 1 << 20}, "n1")
+		MaxStateBytes: 1 << 20}, Server{ID: "n1"})
 	if _, err := k.Acquire(ctx, AcquireParams{Key: "k", Owner: "x", BlockSecs: -1}); err != nil {
 		t.Fatalf("the key is locked by the late prepare: %v", err)
 	}

@@ -45,13 +45,13 @@ type Queues struct {
 	waits   *Waits
 	clock   Clock
 	limits  QueueLimits
-	node    string
+	node    Server
 	decider Decider
 }
 
 // NewQueues wires the queue service of server node; waits must observe the
 // state machine store replicates.
-func NewQueues(store Store, waits *Waits, clock Clock, limits QueueLimits, node string, decider Decider) *Queues {
+func NewQueues(store Store, waits *Waits, clock Clock, limits QueueLimits, node Server, decider Decider) *Queues {
 	if limits.DefaultVisibility <= 0 {
 		limits.DefaultVisibility = 30 * time.Second
 	}
@@ -287,7 +287,7 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 	}
 	req := xid.New().String()
 	cmd := &fsm.DequeueCmd{Namespace: ns, Queue: queue, Owner: own, RequestID: req, LeaseID: xid.New().String(),
-		Visibility: vis.Milliseconds(), Wait: wait.Milliseconds(), TxnID: txn, Node: q.node, WithState: p.WithState}
+		Visibility: vis.Milliseconds(), Wait: wait.Milliseconds(), TxnID: txn, Node: q.node.ID, Run: q.node.Run, WithState: p.WithState}
 	if p.WithState {
 		cmd.StateLease = xid.New().String()
 		if txn == "" {

@@ -56,6 +56,7 @@ type Server struct {
 	drain    context.CancelCauseFunc // ends every request's context at shutdown
 	fresh    freshConns              // API connections without a request yet
 	done     chan struct{}           // closed once Close has finished
+	dropped  chan struct{}           // closed once dropStaleWaits has returned
 
 	closeOnce sync.Once
 	closeErr  error
@@ -213,11 +214,12 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 	node.OnLeadership(sw.SetLeader)
 	node.OnLeadership(resolver.SetLeader)
 
+	self := rm.Server{ID: id, Run: xid.New().String()}
 	keys := rm.NewKeys(node, waits, node, rm.Limits{DefaultTTL: cfg.DefaultTTL, MaxTTL: cfg.MaxTTL,
-		MaxBlock: cfg.AcquireBlock, MaxStateBytes: cfg.MaxStateBytes}, id)
+		MaxBlock: cfg.AcquireBlock, MaxStateBytes: cfg.MaxStateBytes}, self)
 	queues := rm.NewQueues(node, waits, node, rm.QueueLimits{DefaultVisibility: cfg.QueueVisibility,
 		DefaultMaxAttempts: cfg.QueueMaxAttempts, MaxPayloadBytes: cfg.MaxPayloadBytes, MaxWait: cfg.AcquireBlock,
-		StagedTxnTTL: cfg.TCPendingTTL}, id, coord)
+		StagedTxnTTL: cfg.TCPendingTTL}, self, coord)
 	utxos := rm.NewUTXOs(node, node, rm.UTXOLimits{BatchSize: cfg.UTXOBatchSize, MaxEntryBytes: cfg.MaxEntryBytes,
 		DefaultTxnTTL: cfg.DefaultTTL, MaxTxnTTL: cfg.MaxTTL})
 	chain := rm.NewChain(node, rm.ChainLimits{MaxEntryBytes: cfg.MaxEntryBytes, Retention: cfg.UTXORetentionBlocks,
@@ -239,7 +241,7 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 
 	base, drain := context.WithCancelCause(context.Background())
 	s = &Server{cfg: cfg, log: log, node: node, tls: src, sweeper: sw, pruner: pruner, resolver: resolver, listener: ln, served: make(chan error, 1), registry: reg,
-		drain: drain, done: make(chan struct{}),
+		drain: drain, done: make(chan struct{}), dropped: make(chan struct{}),
 		http: &http.Server{
 			Handler:           handler,
 			BaseContext:       func(net.Listener) context.Context { return base },
@@ -257,6 +259,7 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 	if o.httpHook != nil {
 		o.httpHook(s.http)
 	}
+	go s.dropStaleWaits(base, self)
 	go func() { s.served <- s.http.Serve(ln) }()
 	log.Info("raftlockd serving", "api", s.URL(), "raft", node.RaftAddr(), "data_dir", cfg.DataDir)
 	return s, nil
@@ -529,8 +532,42 @@ func (s *Server) close(ctx context.Context) error {
 	return err
 }
 
-// stopNode stops the leader-only loops, then the node itself.
+// dropStaleWaits withdraws the requests that a crash of this server's
+// previous run left waiting in the replicated state (fsm.DropWaitsCmd), so
+// that no key or message is granted to a client that is gone. It proposes
+// once every server of the cluster applies the command (an older build
+// would not), and tries again every second until it is applied or ctx,
+// the server's life, ends.
+func (s *Server) dropStaleWaits(ctx context.Context, self rm.Server) {
+	defer close(s.dropped)
+	cmd := &fsm.Command{Op: fsm.OpDropWaits, DropWaits: &fsm.DropWaitsCmd{Node: self.ID, Run: self.Run}}
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if s.node.EveryServerApplies() {
+			pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			res, err := s.node.Propose(pctx, cmd)
+			cancel()
+			if err == nil {
+				if res.Cancelled {
+					s.log.Info("withdrew the requests this server's previous run left waiting")
+				}
+				return
+			}
+		}
+		t.Reset(time.Second)
+	}
+}
+
+// stopNode stops the leader-only loops, then the node itself. The
+// server's context has ended (drain), which ends dropStaleWaits.
 func (s *Server) stopNode() error {
+	<-s.dropped
 	s.sweeper.Stop()
 	s.pruner.Stop()
 	s.resolver.Stop()

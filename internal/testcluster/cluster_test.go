@@ -13,6 +13,7 @@ import (
 	"github.com/raftlockd/raftlockd/client"
 	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/fsm"
+	"github.com/raftlockd/raftlockd/internal/testutil"
 	"github.com/raftlockd/raftlockd/wire"
 )
 
@@ -439,4 +440,38 @@ func TestGossipSeesFrozenNodeFail(t *testing.T) {
 		return false
 	})
 	c.Thaw(frozen)
+}
+
+// A server that crashed and comes back withdraws the requests that were
+// waiting on it, for a key and for a message: their clients are gone, and
+// the next grant goes to a request still waiting instead.
+func TestARestartedServerWithdrawsTheRequestsItsCrashLeftWaiting(t *testing.T) {
+	c := Start(t, 3)
+	leader := c.WaitLeader(10 * time.Second)
+	f := others(c, leader)[0]
+	ctx := context.Background()
+	holder := acquire(t, c.Client(leader), "k", 60)
+	go func() {
+		_, _ = c.Client(f).Acquire(ctx, wire.AcquireRequest{Key: "k", Owner: "ghost", TTLSeconds: 60, BlockSecs: 30})
+	}()
+	go func() {
+		_, _ = c.Client(f).Dequeue(ctx, wire.DequeueRequest{Queue: "q", Owner: "ghost", WaitSeconds: 30})
+	}()
+	waiting := func(acquirers, consumers int) func() bool {
+		return func() bool {
+			d, err := c.Client(leader).Describe(ctx, "", "k")
+			st, serr := c.Client(leader).QueueStats(ctx, "", "q", false)
+			return err == nil && serr == nil && d.Waiters == int64(acquirers) && st.WaitingConsumers == consumers
+		}
+	}
+	testutil.WaitFor(t, 10*time.Second, "the requests to wait on "+c.Nodes[f].Name, waiting(1, 1))
+	c.Crash(f)
+	c.Start(f)
+	testutil.WaitFor(t, 20*time.Second, "the restarted server to withdraw them", waiting(0, 0))
+	if err := holder.Release(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	if d, err := c.Client(leader).Describe(ctx, "", "k"); err != nil || d.LeaseID != "" {
+		t.Fatalf("the key after the release: %+v %v", d, err)
+	}
 }
