@@ -133,8 +133,8 @@ func (h *handler) removePeer(w http.ResponseWriter, r *http.Request) error {
 }
 
 // snapshot streams a snapshot (GET; HEAD answers its headers) or restores
-// one (POST). Transfers of
-// large files may take longer than the server's usual request timeouts.
+// one (POST). Transfers of large files may take longer than the server's
+// usual request timeouts.
 func (h *handler) snapshot(w http.ResponseWriter, r *http.Request) error {
 	rc := http.NewResponseController(w)
 	switch r.Method {

@@ -92,8 +92,8 @@ func (p *packer) propose(ctx context.Context, data []byte) (interface{}, error) 
 
 // take removes the commands of the next entry from the queue, unless an
 // entry is on its way. The caller holds mu and offers what it gets. Once
-// packing is off (a server that cannot apply packed entries joined the
-// configuration), the commands that queued meanwhile go one per entry.
+// packing is off (a server of an older build is in the configuration), the
+// commands that queued meanwhile go one per entry.
 // The size counts the packed framing (fsm.EncodePacked's bound) too.
 func (p *packer) take() []*proposal {
 	if p.busy || len(p.queue) == 0 {

@@ -175,7 +175,8 @@ func (p *pilot) addNewServers() {
 		}
 		if m.meta.Format < fsm.EntryFormat {
 			// An older build: the log it would be sent may hold entries
-			// it cannot apply (packed ones), and it would stop on them.
+			// it cannot apply (packed ones, drop_waits), and it would stop
+			// on them.
 			p.g.n.cfg.Logger.Warn("not adding a server of an older build: it cannot apply this cluster's log entries",
 				"id", m.ID, "entry_format", m.meta.Format, "want", fsm.EntryFormat)
 			continue
