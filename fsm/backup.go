@@ -56,6 +56,9 @@ func checkStateFile(path string, contents bool) (applied uint64, err error) {
 		}
 		defer db.Close()
 		return db.View(func(tx *bolt.Tx) error {
+			if err := checkPages(tx); err != nil {
+				return errcode.InvalidSnapshot.With("the state file is damaged: %v", err)
+			}
 			for _, name := range [][]byte{bucketMeta, bucketKeys, bucketDocs} {
 				if tx.Bucket(name) == nil {
 					return errcode.InvalidSnapshot.With("not a raftlockd state file: no %q bucket", name)

@@ -1,6 +1,8 @@
 package fsm
 
 import (
+	"bytes"
+	"encoding/binary"
 	"errors"
 	"math/rand/v2"
 	"os"
@@ -9,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 
@@ -131,6 +134,78 @@ func TestCheckStateFileRejectsContentsThatDoNotMatchTheirRecords(t *testing.T) {
 	damaged("a payload cut short", func(tx *bolt.Tx) error {
 		return tx.Bucket(bucketQBodies).Put(msgKey("default", "q", "m1"), []byte("pay"))
 	})
+}
+
+// A branch element damaged to point back at its own page would send bbolt
+// round the loop until memory ran out; so would two elements naming one
+// page. Both are refused before bbolt walks the file. An intact file with
+// overflow pages and nested buckets passes.
+func TestCheckStateFileRefusesPageLoops(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	for i := range 300 {
+		l := mustLease(t, h.one(acq("key-"+strconv.Itoa(i), "t"+strconv.Itoa(i), "r"+strconv.Itoa(i), 60_000, 0)))
+		doc := `{"n":` + strconv.Itoa(i) + `,"pad":"` + strings.Repeat("p", 64) + `"}`
+		if i%100 == 0 {
+			doc = `{"n":` + strconv.Itoa(i) + `,"pad":"` + strings.Repeat("p", 20_000) + `"}` // overflow pages
+		}
+		h.one(update(l, doc))
+		h.one(release(l, false))
+	}
+	raw, _ := os.ReadFile(snapshotFile(t, h))
+	dir := t.TempDir()
+	check := func(name string, data []byte) error {
+		t.Helper()
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { _, err := CheckStateFile(p); done <- err }()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: the check did not end", name)
+		}
+		return nil
+	}
+	if err := check("intact", raw); err != nil {
+		t.Fatalf("intact file: %v", err)
+	}
+	const pageSize = 4096
+	var inUse map[uint64]bool
+	db, err := bolt.Open(filepath.Join(dir, "intact"), 0o600, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := db.View(func(tx *bolt.Tx) (err error) { inUse, err = walkPages(tx); return err }); err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+	var branches []int
+	for off := 2 * pageSize; off+pageSize <= len(raw); off += pageSize {
+		if inUse[uint64(off/pageSize)] && binary.LittleEndian.Uint16(raw[off+8:]) == branchPageFlag {
+			branches = append(branches, off)
+		}
+	}
+	if len(branches) == 0 {
+		t.Fatal("no branch page in the file: make it larger")
+	}
+	for _, off := range branches {
+		self := bytes.Clone(raw)
+		copy(self[off+pageHeaderSize+8:], raw[off:off+8]) // element 0 points at its own page
+		if err := check("self", self); !errors.Is(err, errcode.InvalidSnapshot) {
+			t.Fatalf("branch page %d pointing at itself: %v", off/pageSize, err)
+		}
+		if binary.LittleEndian.Uint16(raw[off+10:]) < 2 {
+			continue
+		}
+		twice := bytes.Clone(raw)
+		copy(twice[off+pageHeaderSize+pageElementSize+8:], raw[off+pageHeaderSize+8:off+pageHeaderSize+16])
+		if err := check("twice", twice); !errors.Is(err, errcode.InvalidSnapshot) {
+			t.Fatalf("branch page %d naming one child twice: %v", off/pageSize, err)
+		}
+	}
 }
 
 // Random damage to data pages: either still readable or rejected. Under
