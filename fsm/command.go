@@ -57,11 +57,28 @@ const formatPacked = 2
 // that meets one stops (apply) instead of skipping it and diverging.
 const formatV3 = 3
 
+// formatV4 is the first byte of a command only builds of entry format 4
+// apply as this one does (a prune pass that keeps the block a rollback
+// may reach, UTXOPruneCmd.KeepTip); it is framed as formatV1.
+const formatV4 = 4
+
 // EntryFormat is the newest entry format this build applies. Nodes announce
-// it; a leader packs commands, and a server proposes drop_waits, only when
-// every server announces it (gossip); an entry of a newer format stops the
-// node (apply).
-const EntryFormat = formatV3
+// it; a leader packs commands, and a server proposes drop_waits and prune
+// passes that keep the tip, only when every server announces it (gossip);
+// an entry of a newer format stops the node (apply).
+const EntryFormat = formatV4
+
+// format is the first byte of c's encoding: the oldest entry format whose
+// builds apply c as this one does.
+func (c *Command) format() byte {
+	switch {
+	case c.UTXOPrune != nil && c.UTXOPrune.KeepTip:
+		return formatV4
+	case c.DropWaits != nil:
+		return formatV3
+	}
+	return formatV1
+}
 
 // MaxPacked bounds the commands of one packed entry.
 const MaxPacked = 1 << 16
@@ -210,11 +227,7 @@ func Encode(c *Command) ([]byte, error) {
 		doc = EncodeBlockTxs(c.UTXOBlock.Txs)
 	}
 	out := make([]byte, 0, 2+len(h)+len(doc))
-	if c.DropWaits != nil {
-		out = append(out, formatV3)
-	} else {
-		out = append(out, formatV1)
-	}
+	out = append(out, c.format())
 	out = append(out, h...)
 	out = append(out, '\n')
 	return append(out, doc...), nil
@@ -269,7 +282,7 @@ func unpack(data []byte) ([][]byte, error) {
 // Decode parses an encoded command. It rejects anything Encode would not have
 // produced, with errcode.MalformedCmd, and never panics.
 func Decode(data []byte) (*Command, error) {
-	if len(data) < 2 || (data[0] != formatV1 && data[0] != formatV3) {
+	if len(data) < 2 || (data[0] != formatV1 && data[0] != formatV3 && data[0] != formatV4) {
 		return nil, errcode.MalformedCmd.With("unknown command format")
 	}
 	i := bytes.IndexByte(data, '\n')
@@ -356,7 +369,7 @@ func Decode(data []byte) (*Command, error) {
 	if !ok {
 		return nil, errcode.MalformedCmd.With("op %q does not match its body", c.Op)
 	}
-	if (data[0] == formatV3) != (c.Op == OpDropWaits) {
+	if data[0] != c.format() {
 		return nil, errcode.MalformedCmd.With("op %q in a command of format %d", c.Op, data[0])
 	}
 	switch {

@@ -876,10 +876,27 @@ func TestStorageFailureStopsTheNode(t *testing.T) {
 func TestMalformedEntriesAreRejectedDeterministically(t *testing.T) {
 	h := openHarness(t, t.TempDir())
 	sweepCmd, _ := Encode(sweep())
-	for _, data := range [][]byte{nil, {0}, {formatV1}, []byte("\x01{}\n"), []byte("\x01{\"op\":\"acquire\"}\n"),
+	// A command framed with another entry format than its own: an older
+	// build would have applied it otherwise.
+	var misframed [][]byte
+	for _, c := range []struct {
+		cmd    *Command
+		format byte
+	}{{sweep(), formatV3}, {sweep(), formatV4},
+		{&Command{Op: OpDropWaits, DropWaits: &DropWaitsCmd{Node: "n", Run: "r"}}, formatV1},
+		{&Command{Op: OpUTXOPrune, UTXOPrune: &UTXOPruneCmd{Limit: 1, KeepTip: true}}, formatV1},
+		{&Command{Op: OpUTXOPrune, UTXOPrune: &UTXOPruneCmd{Limit: 1, KeepTip: true}}, formatV3},
+		{&Command{Op: OpUTXOPrune, UTXOPrune: &UTXOPruneCmd{Limit: 1}}, formatV4}} {
+		data, err := Encode(c.cmd)
+		if err != nil {
+			t.Fatal(err)
+		}
+		misframed = append(misframed, append([]byte{c.format}, data[1:]...))
+	}
+	for _, data := range append([][]byte{nil, {0}, {formatV1}, []byte("\x01{}\n"), []byte("\x01{\"op\":\"acquire\"}\n"),
 		[]byte("\x01{\"op\":\"nope\",\"sweep\":{\"limit\":1}}\n"), []byte("\x01{\"op\":\"sweep\",\"sweep\":{\"limit\":1}}\nxx"),
 		{formatPacked}, {formatPacked, 0}, {formatPacked, 1}, {formatPacked, 1, 5, 'x'}, {formatPacked, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff},
-		append(EncodePacked([][]byte{sweepCmd}), 0), EncodePacked([][]byte{EncodePacked([][]byte{sweepCmd})})} {
+		append(EncodePacked([][]byte{sweepCmd}), 0), EncodePacked([][]byte{EncodePacked([][]byte{sweepCmd})})}, misframed...) {
 		h.index++
 		before := h.hashWithoutMeta()
 		out := h.f.ApplyBatch([]*raft.Log{{Index: h.index, Term: 1, Type: raft.LogCommand, Data: data}})[0]

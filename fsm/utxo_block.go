@@ -677,25 +677,48 @@ func (s *applyState) undoBlock(info *BlockInfo, d *undoDelta, to uint32) {
 }
 
 // freeDeltas deletes up to limit undo deltas of blocks that fell out of
-// the rollback window.
-func (s *applyState) freeDeltas(limit int) int {
-	tip := s.tipBlock()
-	if tip == nil {
+// the rollback window, and the records of those blocks. With keepTip the
+// record of the highest of them stays: a rollback may reach that block,
+// and it is then the tip the next block must extend.
+func (s *applyState) freeDeltas(limit int, keepTip bool) int {
+	cutoff, ok := s.deltaCutoff()
+	if !ok {
 		return 0
 	}
-	window := max(s.utxoWindow(), s.utxoRetention())
-	if tip.Height <= window {
-		return 0
-	}
-	cutoff := tip.Height - window // blocks at or below it go
-	var keys [][]byte
-	c := s.b(bucketUTXOBlocks).Cursor()
-	for k, _ := c.First(); k != nil && len(keys) < limit && binary.BigEndian.Uint32(k) <= cutoff; k, _ = c.Next() {
-		keys = append(keys, bytes.Clone(k))
-	}
-	for _, k := range keys {
-		s.del(bucketUTXOBlocks, k)
+	undo := s.heightsUpTo(bucketUTXOUndo, cutoff, limit)
+	for _, k := range undo {
 		s.del(bucketUTXOUndo, k)
 	}
-	return len(keys)
+	if keepTip {
+		if cutoff == 0 {
+			return len(undo)
+		}
+		cutoff--
+	}
+	for _, k := range s.heightsUpTo(bucketUTXOBlocks, cutoff, limit) {
+		s.del(bucketUTXOBlocks, k)
+	}
+	return len(undo)
+}
+
+// deltaCutoff is the highest height whose undo delta is out of the
+// rollback window; ok is false when no delta is.
+func (r reader) deltaCutoff() (uint32, bool) {
+	tip := r.tipBlock()
+	window := max(r.utxoWindow(), r.utxoRetention())
+	if tip == nil || tip.Height <= window {
+		return 0, false
+	}
+	return tip.Height - window, true
+}
+
+// heightsUpTo returns up to limit keys of a height-keyed bucket, lowest
+// first, whose height is at most h.
+func (r reader) heightsUpTo(bucket []byte, h uint32, limit int) [][]byte {
+	var keys [][]byte
+	c := r.b(bucket).Cursor()
+	for k, _ := c.First(); k != nil && len(keys) < limit && binary.BigEndian.Uint32(k) <= h; k, _ = c.Next() {
+		keys = append(keys, bytes.Clone(k))
+	}
+	return keys
 }

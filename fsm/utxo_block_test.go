@@ -261,7 +261,7 @@ func TestRollbackWindowBoundsTheDeltasKept(t *testing.T) {
 	if !due() {
 		t.Fatal("deltas out of the window, yet no prune pass due")
 	}
-	r := h.ok(&Command{Op: OpUTXOPrune, UTXOPrune: &UTXOPruneCmd{Limit: 100}}).UTXO.Prune
+	r := h.ok(&Command{Op: OpUTXOPrune, UTXOPrune: &UTXOPruneCmd{Limit: 100, KeepTip: true}}).UTXO.Prune
 	if r.DeltasFreed != 5 || due() {
 		t.Fatalf("freed %d deltas, still due %v", r.DeltasFreed, due())
 	}
@@ -275,6 +275,50 @@ func TestRollbackWindowBoundsTheDeltasKept(t *testing.T) {
 	}
 	if r := h.ok(rollbackCmd(5)); len(r.UTXO.Block.Undone) != 3 || h.tx(6) != nil || h.tx(5) == nil {
 		t.Fatalf("rollback to the oldest height kept: %+v", r.UTXO.Block)
+	}
+	// Block 5 is the tip now: the chain goes on from it and from nothing
+	// else, and nothing below it can be reached.
+	if st := h.status(); st.Height != 5 || st.Tip == nil || st.Tip.Hash != blockHash(5) || st.OldestDelta != 5 || st.Deltas != 0 {
+		t.Fatalf("status after the rollback to the window's edge: %+v (tip %+v)", st, st.Tip)
+	}
+	wantCode(t, h.one(rollbackCmd(4)), errcode.BlockRollbackWindow)
+	wantCode(t, h.one(blockCmd(2, btx(40, 1))), errcode.BlockNotOnTip)
+	stray := blockCmd(6, btx(41, 1))
+	stray.UTXOBlock.Prev = blockHash(99)
+	wantCode(t, h.one(stray), errcode.BlockNotOnTip)
+	if r := h.ok(blockCmd(6, btx(42, 1))); r.UTXO.Block.Applied == nil || h.status().Tip.Height != 6 {
+		t.Fatalf("block 6 on the tip: %+v", r.UTXO.Block)
+	}
+}
+
+// A prune pass without keep_tip frees the records of the blocks whose
+// deltas it frees, as builds of an older entry format do: every node of a
+// cluster that is being upgraded holds the same state.
+func TestPrunePassWithoutKeepTipFreesAsOlderBuildsDo(t *testing.T) {
+	for _, keep := range []bool{false, true} {
+		h := openHarness(t, t.TempDir())
+		for height := uint32(1); height <= 8; height++ {
+			c := blockCmd(height, btx(byte(height), 1))
+			c.UTXOBlock.Retention, c.UTXOBlock.Window = 2, 3
+			h.ok(c)
+		}
+		h.ok(&Command{Op: OpUTXOPrune, UTXOPrune: &UTXOPruneCmd{Limit: 100, KeepTip: keep}})
+		var kept []uint32
+		_ = h.f.View(func(v *View) error {
+			for height := uint32(1); height <= 8; height++ {
+				if v.blockAt(height) != nil {
+					kept = append(kept, height)
+				}
+			}
+			return nil
+		})
+		want := []uint32{6, 7, 8}
+		if keep {
+			want = []uint32{5, 6, 7, 8}
+		}
+		if !slices.Equal(kept, want) {
+			t.Fatalf("keep_tip %v: block records kept %v, want %v", keep, kept, want)
+		}
 	}
 }
 

@@ -169,6 +169,11 @@ type UTXOPruneCmd struct {
 	Limit     int    `json:"limit"`
 	Retention uint32 `json:"retention,omitempty"`
 	Window    uint32 `json:"window,omitempty"`
+	// KeepTip keeps the record of the highest block whose undo delta the
+	// pass frees: a rollback may reach that block, and the next block must
+	// then extend it. Only builds of entry format 4 apply it; a pass
+	// without it frees the record with the delta, as older builds do.
+	KeepTip bool `json:"keep_tip,omitempty"`
 }
 
 // PruneResult reports a prune pass.
@@ -317,7 +322,7 @@ func (s *applyState) utxoPrune(c *UTXOPruneCmd) *Result {
 		st.Cycles++
 		st.LastRetained, st.Retained = st.Retained, Retained{}
 	}
-	res.DeltasFreed = s.freeDeltas(c.Limit)
+	res.DeltasFreed = s.freeDeltas(c.Limit, c.KeepTip)
 	return &Result{UTXO: &UTXOResult{Prune: res, Height: height}}
 }
 
@@ -378,16 +383,26 @@ type UTXOStatus struct {
 	DueNow int `json:"due_now"`
 }
 
+// UTXOPolicy is the retention and rollback window in force.
+type UTXOPolicy struct{ Retention, Window uint32 }
+
+// UTXOPolicy returns the retention and rollback window in force: the
+// defaults until a block apply or a prune pass records a server's.
+func (v *View) UTXOPolicy() UTXOPolicy {
+	return UTXOPolicy{Retention: v.utxoRetention(), Window: v.utxoWindow()}
+}
+
 // UTXOStatus returns the status of the UTXO records.
 func (v *View) UTXOStatus() UTXOStatus {
 	st := UTXOStatus{Height: v.utxoHeight(), Retention: v.utxoRetention(), Window: v.utxoWindow(),
 		Stats: *v.readUTXOStats(), Cursor: hex.EncodeToString(v.b(bucketMeta).Get(metaUTXOCursor))}
 	st.Tip = v.tipBlock()
-	c := v.b(bucketUTXOBlocks).Cursor()
-	if k, _ := c.First(); k != nil {
+	if k, _ := v.b(bucketUTXOUndo).Cursor().First(); k != nil {
 		st.OldestDelta = binary.BigEndian.Uint32(k) - 1
+	} else if st.Tip != nil {
+		st.OldestDelta = st.Tip.Height
 	}
-	st.Deltas = v.b(bucketUTXOBlocks).Stats().KeyN
+	st.Deltas = v.b(bucketUTXOUndo).Stats().KeyN
 	dc := v.b(bucketUTXODAH).Cursor()
 	for k, _ := dc.First(); k != nil && st.DueNow < 100000 && binary.BigEndian.Uint32(k) <= st.Height; k, _ = dc.Next() {
 		st.DueNow++
@@ -405,8 +420,7 @@ func (v *View) UTXOPruneDue() bool {
 			return true
 		}
 	}
-	first, _ := v.b(bucketUTXOBlocks).Cursor().First()
-	tip := v.tipBlock()
-	window := max(v.utxoWindow(), v.utxoRetention())
-	return first != nil && tip != nil && tip.Height > window && binary.BigEndian.Uint32(first) <= tip.Height-window
+	cutoff, ok := v.deltaCutoff()
+	return ok && (len(v.heightsUpTo(bucketUTXOUndo, cutoff, 1)) > 0 ||
+		(cutoff > 0 && len(v.heightsUpTo(bucketUTXOBlocks, cutoff-1, 1)) > 0))
 }

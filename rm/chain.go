@@ -33,10 +33,19 @@ const (
 	maxBlockInputs = 1 << 16
 )
 
+// Upgrade tells whether every server of the island applies this build's
+// entry format (fsm.EntryFormat). A command whose meaning changed with that
+// format is proposed in its new form only then, so that every node applies
+// it alike while a cluster is being upgraded.
+type Upgrade interface {
+	EveryServerApplies() bool
+}
+
 // Chain serves blocks, rollbacks, pruning and the UTXO status.
 type Chain struct {
-	store  Store
-	limits ChainLimits
+	store   Store
+	upgrade Upgrade
+	limits  ChainLimits
 	// observe, when set, is told the duration of each apply, rollback and
 	// prune and how many items it handled (metrics).
 	observe func(op string, d time.Duration, items int)
@@ -49,7 +58,7 @@ type Chain struct {
 }
 
 // NewChain wires the chain service of an island.
-func NewChain(store Store, limits ChainLimits) *Chain {
+func NewChain(store Store, upgrade Upgrade, limits ChainLimits) *Chain {
 	if limits.MaxEntryBytes <= 0 {
 		limits.MaxEntryBytes = wire.UTXODefaultEntryBytes
 	}
@@ -60,7 +69,7 @@ func NewChain(store Store, limits ChainLimits) *Chain {
 	if limits.PruneBatch <= 0 {
 		limits.PruneBatch = 1000
 	}
-	return &Chain{store: store, limits: limits, timings: map[string]*wire.UTXOTiming{}}
+	return &Chain{store: store, upgrade: upgrade, limits: limits, timings: map[string]*wire.UTXOTiming{}}
 }
 
 // Observe sets the function told of every timed operation.
@@ -271,11 +280,12 @@ func (c *Chain) Rollback(ctx context.Context, req wire.UTXORollbackRequest) (*wi
 	return out, nil
 }
 
-// Prune runs one prune pass now.
+// Prune runs one prune pass now. It also records this server's retention
+// and rollback window in the replicated state.
 func (c *Chain) Prune(ctx context.Context) (*wire.UTXOPruneResponse, error) {
 	start := time.Now()
 	res, err := c.store.Propose(ctx, &fsm.Command{Op: fsm.OpUTXOPrune, UTXOPrune: &fsm.UTXOPruneCmd{Limit: c.limits.PruneBatch,
-		Retention: c.limits.Retention, Window: c.limits.Window}})
+		Retention: c.limits.Retention, Window: c.limits.Window, KeepTip: c.upgrade.EveryServerApplies()}})
 	if err == nil && res.Err != nil {
 		err = res.Err
 	}
@@ -288,6 +298,13 @@ func (c *Chain) Prune(ctx context.Context) (*wire.UTXOPruneResponse, error) {
 		Retained: wire.UTXORetained(p.Retained)}
 	out.DurationMs = c.timed("prune", start, len(p.Pruned))
 	return out, nil
+}
+
+// PolicyStale reports whether the retention and rollback window in v are
+// not this server's: a prune pass records them.
+func (c *Chain) PolicyStale(v *fsm.View) bool {
+	st := v.UTXOPolicy()
+	return st.Retention != c.limits.Retention || st.Window != c.limits.Window
 }
 
 // Status returns the UTXO status view.

@@ -17,7 +17,7 @@ import (
 func TestLargeBlockIsStagedAndAppliedWhole(t *testing.T) {
 	ctx := context.Background()
 	store := newFSMStore(t)
-	chain := NewChain(store, ChainLimits{MaxEntryBytes: 8 << 10})
+	chain := NewChain(store, upgraded{}, ChainLimits{MaxEntryBytes: 8 << 10})
 	gen := chaingen.New("staged")
 	if _, err := chain.ApplyBlock(ctx, gen.Fund(400, 2)); err != nil {
 		t.Fatal(err)
@@ -55,12 +55,18 @@ func TestLargeBlockIsStagedAndAppliedWhole(t *testing.T) {
 	}
 }
 
+// upgraded is an island whose every server applies this build's entry
+// format.
+type upgraded struct{}
+
+func (upgraded) EveryServerApplies() bool { return true }
+
 func TestBadBlocksAreRefusedBeforeRaft(t *testing.T) {
 	ctx := context.Background()
 	store := newFSMStore(t)
 	proposed := 0
 	store.refuse = func(*fsm.Command) error { proposed++; return nil }
-	chain := NewChain(store, ChainLimits{})
+	chain := NewChain(store, upgraded{}, ChainLimits{})
 	good := chaingen.New("bad").Fund(2, 2)
 	cases := map[string]struct {
 		edit func(b *wire.UTXOBlockRequest)

@@ -222,10 +222,10 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 		StagedTxnTTL: cfg.TCPendingTTL}, self, coord)
 	utxos := rm.NewUTXOs(node, node, rm.UTXOLimits{BatchSize: cfg.UTXOBatchSize, MaxEntryBytes: cfg.MaxEntryBytes,
 		DefaultTxnTTL: cfg.DefaultTTL, MaxTxnTTL: cfg.MaxTTL})
-	chain := rm.NewChain(node, rm.ChainLimits{MaxEntryBytes: cfg.MaxEntryBytes, Retention: cfg.UTXORetentionBlocks,
+	chain := rm.NewChain(node, node, rm.ChainLimits{MaxEntryBytes: cfg.MaxEntryBytes, Retention: cfg.UTXORetentionBlocks,
 		Window: cfg.UTXORollbackWindow, PruneBatch: cfg.UTXOPruneBatch})
 	chain.Observe(newChainMetrics(reg).observe)
-	pruner := sweeper.NewPruner(chain, pruneDue{node}, cfg.UTXOPruneInterval, log)
+	pruner := sweeper.NewPruner(chain, pruneDue{node, chain}, cfg.UTXOPruneInterval, log)
 	node.OnLeadership(pruner.SetLeader)
 	reg.MustRegister(newStateCollector(node, waits), newUTXOCollector(node))
 	var authn api.Authenticator
@@ -333,12 +333,16 @@ type clockFunc func() time.Time
 
 func (f clockFunc) Now() time.Time { return f() }
 
-// pruneDue asks the node's state whether a prune pass has work.
-type pruneDue struct{ node *cluster.Node }
+// pruneDue asks the node's state whether a prune pass has work, or has to
+// record this server's retention and rollback window.
+type pruneDue struct {
+	node  *cluster.Node
+	chain *rm.Chain
+}
 
 func (p pruneDue) PruneDue() bool {
 	due := false
-	_ = p.node.FSM().View(func(v *fsm.View) error { due = v.UTXOPruneDue(); return nil })
+	_ = p.node.FSM().View(func(v *fsm.View) error { due = v.UTXOPruneDue() || p.chain.PolicyStale(v); return nil })
 	return due
 }
 

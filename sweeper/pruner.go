@@ -52,16 +52,15 @@ func (p *Pruner) run(ctx context.Context) {
 	t := time.NewTicker(p.interval)
 	defer t.Stop()
 	for {
+		if p.due.PruneDue() {
+			if _, err := p.pass.Prune(ctx); err != nil && ctx.Err() == nil {
+				p.log.Warn("prune pass failed", "error", err)
+			}
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		}
-		if !p.due.PruneDue() {
-			continue
-		}
-		if _, err := p.pass.Prune(ctx); err != nil && ctx.Err() == nil {
-			p.log.Warn("prune pass failed", "error", err)
 		}
 	}
 }

@@ -2,11 +2,13 @@ package testcluster
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"testing"
 	"time"
 
 	"github.com/raftlockd/raftlockd/config"
+	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/internal/chaingen"
 	"github.com/raftlockd/raftlockd/internal/testutil"
 	"github.com/raftlockd/raftlockd/wire"
@@ -113,5 +115,58 @@ func TestLeaderCrashInTheMiddleOfPruning(t *testing.T) {
 		t.Fatalf("the parent of an unmined child was deleted: %v", err)
 	}
 	c.Start(leader)
+	c.WaitConverged(20 * time.Second)
+}
+
+// The retention and rollback window a server is started with are in force
+// before any block is applied. A rollback to the oldest height the window
+// keeps leaves that block as the tip: the chain goes on from it and from
+// nothing else, and nothing below it can be reached.
+func TestRollbackToTheWindowsEdgeKeepsTheTip(t *testing.T) {
+	c := Start(t, 3, Configure(func(cfg *config.Server) {
+		cfg.UTXORetentionBlocks, cfg.UTXORollbackWindow = 2, 3
+		cfg.UTXOPruneInterval = 50 * time.Millisecond
+	}))
+	leader := c.WaitLeader(10 * time.Second)
+	cl := c.RetryingClient(others(c, leader)[0])
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	testutil.WaitFor(t, 10*time.Second, "the configured retention and window", func() bool {
+		st, err := cl.UTXOStatus(ctx, false)
+		return err == nil && st.RetentionBlocks == 2 && st.RollbackWindow == 3
+	})
+
+	gen := chaingen.New("edge")
+	var blocks []wire.UTXOBlockRequest
+	for i := 0; i < 8; i++ {
+		b := gen.Fund(2, 1)
+		blocks = append(blocks, b)
+		if _, err := cl.UTXOApplyBlock(ctx, b); err != nil {
+			t.Fatalf("block %d: %v", b.Height, err)
+		}
+	}
+	testutil.WaitFor(t, 10*time.Second, "the pruner to free the deltas out of the window", func() bool {
+		st, err := cl.UTXOStatus(ctx, false)
+		return err == nil && st.Deltas == 3 && st.OldestRollback == 5
+	})
+	if res, err := cl.UTXORollback(ctx, 5); err != nil || len(res.Undone) != 3 || res.ChainHeight != 5 {
+		t.Fatalf("rollback to the window's edge: %+v %v", res, err)
+	}
+	st, err := cl.UTXOStatus(ctx, false)
+	if err != nil || st.LastBlock == nil || st.LastBlock.Hash != blocks[4].Hash || st.ChainHeight != 5 {
+		t.Fatalf("status after the rollback: %+v %v", st, err)
+	}
+	if _, err := cl.UTXORollback(ctx, 4); !errors.Is(err, errcode.BlockRollbackWindow) {
+		t.Fatalf("rollback below the window: %v", err)
+	}
+	stray := chaingen.New("stray").Fund(1, 1)
+	if _, err := cl.UTXOApplyBlock(ctx, stray); !errors.Is(err, errcode.BlockNotOnTip) {
+		t.Fatalf("a block that does not extend the tip: %v", err)
+	}
+	next := chaingen.New("next").Fund(1, 1)
+	next.Height, next.PrevHash = 6, blocks[4].Hash
+	if res, err := cl.UTXOApplyBlock(ctx, next); err != nil || res.ChainHeight != 6 {
+		t.Fatalf("a block on the tip: %+v %v", res, err)
+	}
 	c.WaitConverged(20 * time.Second)
 }
