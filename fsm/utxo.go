@@ -45,6 +45,10 @@ var (
 // maxRecordVouts bounds the vouts of one record.
 const maxRecordVouts = 1 << 20
 
+// MaxBlockVout bounds the vouts of a block's transactions: the block
+// keeps each transaction's outputs in one record.
+const MaxBlockVout = maxRecordVouts - 1
+
 // utxoLockIndex is the record index of a transaction's lock record.
 const utxoLockIndex = 0xFFFFFFFF
 

@@ -146,6 +146,9 @@ func blockTxs(req wire.UTXOBlockRequest) ([]fsm.BlockTx, error) {
 			if j > 0 && o.Vout <= t.Outputs[j-1].Vout {
 				return nil, errcode.DuplicateVout.With("txs[%d]: outputs must be in increasing vout order", i)
 			}
+			if o.Vout > fsm.MaxBlockVout {
+				return nil, errcode.InvalidUTXOBlock.With("txs[%d].outputs[%d]: vout above %d", i, j, fsm.MaxBlockVout)
+			}
 			if o.Satoshis > maxSatoshis {
 				return nil, errcode.InvalidUTXORequest.With("txs[%d].outputs[%d]: satoshis above 21 million coins", i, j)
 			}
@@ -168,6 +171,9 @@ func (c *Chain) ApplyBlock(ctx context.Context, req wire.UTXOBlockRequest) (*wir
 	prev, err := TxIDHex(req.PrevHash)
 	if err != nil {
 		return nil, errcode.InvalidUTXOBlock.With("prev_hash %q is not 64 hex digits", clip(req.PrevHash))
+	}
+	if hash == prev {
+		return nil, errcode.InvalidUTXOBlock.With("a block cannot be its own prev_hash")
 	}
 	txs, err := blockTxs(req)
 	if err != nil {

@@ -80,6 +80,8 @@ func TestBadBlocksAreRefusedBeforeRaft(t *testing.T) {
 		"bad utxo hash": {func(b *wire.UTXOBlockRequest) { b.Txs[0].Outputs[0].UTXOHash = "zz" }, errcode.InvalidUTXOHash},
 		"vout order": {func(b *wire.UTXOBlockRequest) { b.Txs[0].Outputs[1].Vout = b.Txs[0].Outputs[0].Vout },
 			errcode.DuplicateVout},
+		"its own prev":  {func(b *wire.UTXOBlockRequest) { b.PrevHash = b.Hash }, errcode.InvalidUTXOBlock},
+		"vout too high": {func(b *wire.UTXOBlockRequest) { b.Txs[0].Outputs[1].Vout = fsm.MaxBlockVout + 1 }, errcode.InvalidUTXOBlock},
 		"coinbase with inputs": {func(b *wire.UTXOBlockRequest) {
 			b.Txs[0].Coinbase = true
 			b.Txs[0].Inputs = []wire.UTXOBlockInput{{TxID: b.Txs[0].TxID, UTXOHash: b.Txs[0].TxID}}
