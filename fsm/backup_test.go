@@ -136,11 +136,18 @@ func TestCheckStateFileRejectsContentsThatDoNotMatchTheirRecords(t *testing.T) {
 	})
 }
 
-// A branch element damaged to point back at its own page would send bbolt
-// round the loop until memory ran out; so would two elements naming one
-// page. Both are refused before bbolt walks the file. An intact file with
-// overflow pages and nested buckets passes.
-func TestCheckStateFileRefusesPageLoops(t *testing.T) {
+// pageFixture is a state file with branch pages, overflow pages and
+// nested buckets, and the pages it uses.
+type pageFixture struct {
+	t     *testing.T
+	dir   string
+	raw   []byte
+	inUse map[uint64]bool
+}
+
+const fixturePageSize = 4096
+
+func newPageFixture(t *testing.T) *pageFixture {
 	h := openHarness(t, t.TempDir())
 	for i := range 300 {
 		l := mustLease(t, h.one(acq("key-"+strconv.Itoa(i), "t"+strconv.Itoa(i), "r"+strconv.Itoa(i), 60_000, 0)))
@@ -152,59 +159,148 @@ func TestCheckStateFileRefusesPageLoops(t *testing.T) {
 		h.one(release(l, false))
 	}
 	raw, _ := os.ReadFile(snapshotFile(t, h))
-	dir := t.TempDir()
-	check := func(name string, data []byte) error {
-		t.Helper()
-		p := filepath.Join(dir, name)
-		if err := os.WriteFile(p, data, 0o600); err != nil {
-			t.Fatal(err)
-		}
-		done := make(chan error, 1)
-		go func() { _, err := CheckStateFile(p); done <- err }()
-		select {
-		case err := <-done:
-			return err
-		case <-time.After(10 * time.Second):
-			t.Fatalf("%s: the check did not end", name)
-		}
-		return nil
-	}
-	if err := check("intact", raw); err != nil {
+	fx := &pageFixture{t: t, dir: t.TempDir(), raw: raw}
+	if err := fx.check("intact", raw); err != nil {
 		t.Fatalf("intact file: %v", err)
 	}
-	const pageSize = 4096
-	var inUse map[uint64]bool
-	db, err := bolt.Open(filepath.Join(dir, "intact"), 0o600, &bolt.Options{ReadOnly: true})
+	fx.inUse = fx.pagesInUse("intact")
+	return fx
+}
+
+// pagesInUse walks the file written as name.
+func (fx *pageFixture) pagesInUse(name string) (inUse map[uint64]bool) {
+	db, err := bolt.Open(filepath.Join(fx.dir, name), 0o600, &bolt.Options{ReadOnly: true})
+	if err != nil {
+		fx.t.Fatal(err)
+	}
+	defer db.Close()
+	if err := db.View(func(tx *bolt.Tx) (err error) { inUse, err = walkPages(tx); return err }); err != nil {
+		fx.t.Fatal(err)
+	}
+	return inUse
+}
+
+// pages returns the offsets of the pages in use with the given flags.
+func (fx *pageFixture) pages(flags uint16) []int {
+	var out []int
+	for off := 2 * fixturePageSize; off+fixturePageSize <= len(fx.raw); off += fixturePageSize {
+		if fx.inUse[uint64(off/fixturePageSize)] && binary.LittleEndian.Uint16(fx.raw[off+8:]) == flags {
+			out = append(out, off)
+		}
+	}
+	if len(out) == 0 {
+		fx.t.Fatalf("no page of kind %#x in the file: make it larger", flags)
+	}
+	return out
+}
+
+// check writes data as name and checks it, failing the test if the check
+// does not end.
+func (fx *pageFixture) check(name string, data []byte) error {
+	fx.t.Helper()
+	p := filepath.Join(fx.dir, name)
+	if err := os.WriteFile(p, data, 0o600); err != nil {
+		fx.t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { _, err := CheckStateFile(p); done <- err }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(10 * time.Second):
+		fx.t.Fatalf("%s: the check did not end", name)
+	}
+	return nil
+}
+
+// A branch element damaged to point back at its own page would send bbolt
+// round the loop until memory ran out; so would two elements naming one
+// page. Both are refused before bbolt walks the file. An intact file with
+// overflow pages and nested buckets passes.
+func TestCheckStateFileRefusesPageLoops(t *testing.T) {
+	fx := newPageFixture(t)
+	for _, off := range fx.pages(branchPageFlag) {
+		self := bytes.Clone(fx.raw)
+		copy(self[off+pageHeaderSize+8:], fx.raw[off:off+8]) // element 0 points at its own page
+		if err := fx.check("self", self); !errors.Is(err, errcode.InvalidSnapshot) {
+			t.Fatalf("branch page %d pointing at itself: %v", off/fixturePageSize, err)
+		}
+		if binary.LittleEndian.Uint16(fx.raw[off+10:]) < 2 {
+			continue
+		}
+		twice := bytes.Clone(fx.raw)
+		copy(twice[off+pageHeaderSize+pageElementSize+8:], fx.raw[off+pageHeaderSize+8:off+pageHeaderSize+16])
+		if err := fx.check("twice", twice); !errors.Is(err, errcode.InvalidSnapshot) {
+			t.Fatalf("branch page %d naming one child twice: %v", off/fixturePageSize, err)
+		}
+	}
+}
+
+// A key out of order is refused: opening such a file for writing (as a
+// restore does) makes bbolt rebuild its freelist in a goroutine of its own
+// that panics on it, and no recover can catch that.
+func TestCheckStateFileRefusesKeysOutOfOrder(t *testing.T) {
+	fx := newPageFixture(t)
+	for _, off := range fx.pages(leafPageFlag) {
+		e := fx.raw[off+pageHeaderSize:]
+		pos, ksize := binary.LittleEndian.Uint32(e[4:]), binary.LittleEndian.Uint32(e[8:])
+		if ksize == 0 || binary.LittleEndian.Uint16(fx.raw[off+10:]) < 2 {
+			continue
+		}
+		bad := bytes.Clone(fx.raw)
+		bad[off+pageHeaderSize+int(pos)] = 0xff // the first key now sorts after the second
+		if err := fx.check("order", bad); !errors.Is(err, errcode.InvalidSnapshot) {
+			t.Fatalf("leaf page %d with its first key out of order: %v", off/fixturePageSize, err)
+		}
+	}
+}
+
+// A stored freelist that lists a page in use is refused: bbolt would hand
+// that page out again and a restore's first write would overwrite live
+// data.
+func TestCheckStateFileRefusesAFreelistOfPagesInUse(t *testing.T) {
+	fx := newPageFixture(t)
+	// Store a freelist: open the file for writing as bbolt does by default.
+	p := filepath.Join(fx.dir, "with-freelist")
+	if err := os.WriteFile(p, fx.raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	db, err := bolt.Open(p, 0o600, &bolt.Options{FreelistType: bolt.FreelistMapType})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := db.View(func(tx *bolt.Tx) (err error) { inUse, err = walkPages(tx); return err }); err != nil {
+	if err := db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put([]byte("x"), []byte("y")) }); err != nil {
 		t.Fatal(err)
 	}
+	var freelist uint64
+	_ = db.View(func(tx *bolt.Tx) (err error) {
+		w := &pageWalk{pageSize: fixturePageSize}
+		if w.f, err = os.Open(p); err == nil {
+			freelist, err = w.freelistPage(uint64(tx.ID()), uint64(tx.Cursor().Bucket().Root()))
+			w.f.Close()
+		}
+		return err
+	})
 	db.Close()
-	var branches []int
-	for off := 2 * pageSize; off+pageSize <= len(raw); off += pageSize {
-		if inUse[uint64(off/pageSize)] && binary.LittleEndian.Uint16(raw[off+8:]) == branchPageFlag {
-			branches = append(branches, off)
+	stored, _ := os.ReadFile(p)
+	if freelist == noFreelist || freelist == 0 {
+		t.Fatal("the file has no stored freelist")
+	}
+	if err := fx.check("with-freelist", stored); err != nil {
+		t.Fatalf("a file with a sound freelist: %v", err)
+	}
+	inUse := fx.pagesInUse("with-freelist")
+	var live uint64
+	for id := range inUse {
+		if id != freelist && (live == 0 || id < live) {
+			live = id
 		}
 	}
-	if len(branches) == 0 {
-		t.Fatal("no branch page in the file: make it larger")
-	}
-	for _, off := range branches {
-		self := bytes.Clone(raw)
-		copy(self[off+pageHeaderSize+8:], raw[off:off+8]) // element 0 points at its own page
-		if err := check("self", self); !errors.Is(err, errcode.InvalidSnapshot) {
-			t.Fatalf("branch page %d pointing at itself: %v", off/pageSize, err)
-		}
-		if binary.LittleEndian.Uint16(raw[off+10:]) < 2 {
-			continue
-		}
-		twice := bytes.Clone(raw)
-		copy(twice[off+pageHeaderSize+pageElementSize+8:], raw[off+pageHeaderSize+8:off+pageHeaderSize+16])
-		if err := check("twice", twice); !errors.Is(err, errcode.InvalidSnapshot) {
-			t.Fatalf("branch page %d naming one child twice: %v", off/pageSize, err)
-		}
+	off := int(freelist) * fixturePageSize
+	binary.LittleEndian.PutUint16(stored[off+10:], 1)
+	binary.LittleEndian.PutUint64(stored[off+pageHeaderSize:], live)
+	if err := fx.check("bad-freelist", stored); !errors.Is(err, errcode.InvalidSnapshot) {
+		t.Fatalf("a freelist listing page %d, which is in use: %v", live, err)
 	}
 }
 

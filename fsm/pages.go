@@ -1,30 +1,47 @@
 package fsm
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
+	"hash/fnv"
 	"os"
 
 	bolt "go.etcd.io/bbolt"
 )
 
 // The page tree of a state file from elsewhere (a snapshot, a backup) is
-// checked before bbolt walks it. bbolt trusts its pages: a damaged branch
-// element that points back to one of its own ancestors sends a cursor
-// round the loop for ever, growing its stack until the process runs out of
-// memory. checkPages reads every page reachable from the root bucket once,
-// straight from the file, and refuses a page referenced twice, one outside
-// the file, one whose header names another page, an element that reaches
-// past its page, and a page of the wrong kind.
+// checked before bbolt walks it or opens it for writing. bbolt trusts its
+// pages:
+//   - a branch element that points back at an ancestor sends a cursor
+//     round the loop for ever, growing its stack until the process runs
+//     out of memory;
+//   - opening a file without a stored freelist for writing rebuilds the
+//     freelist by checking every page in a goroutine of bbolt's own that
+//     panics, killing the process, on the first key out of order;
+//   - a stored freelist that lists pages in use hands them out again, and
+//     the first write overwrites live data.
+//
+// checkPages reads every page reachable from the root bucket once,
+// straight from the file, and refuses what bbolt's own check would report
+// (a page referenced twice, outside the file or of the wrong kind, keys out
+// of order within a page or with its ancestors' keys) and more: a page
+// whose header names another page, elements that reach past their page,
+// and a stored freelist that names a page in use or outside the file.
 
-// bbolt's page layout (go.etcd.io/bbolt/internal/common/page.go).
+// bbolt's file layout (go.etcd.io/bbolt/internal/common).
 const (
-	pageHeaderSize  = 16 // id u64, flags u16, count u16, overflow u32
-	pageElementSize = 16 // branch: pos u32, ksize u32, pgid u64; leaf: flags u32, pos u32, ksize u32, vsize u32
-	branchPageFlag  = 0x01
-	leafPageFlag    = 0x02
-	bucketLeafFlag  = 0x01
-	bucketHeader    = 16 // root pgid u64, sequence u64; an inline bucket's page follows
+	pageHeaderSize   = 16 // id u64, flags u16, count u16, overflow u32
+	pageElementSize  = 16 // branch: pos u32, ksize u32, pgid u64; leaf: flags u32, pos u32, ksize u32, vsize u32
+	branchPageFlag   = 0x01
+	leafPageFlag     = 0x02
+	freelistPageFlag = 0x10
+	bucketLeafFlag   = 0x01
+	bucketHeader     = 16 // root pgid u64, sequence u64; an inline bucket's page follows
+	noFreelist       = 1<<64 - 1
+	metaMagic        = 0xED0CDAED
+	metaVersion      = 2
+	metaSize         = 64 // magic, version, page size, flags u32; root, sequence, freelist, pgid, txid, checksum u64
 )
 
 type pageWalk struct {
@@ -40,8 +57,8 @@ func checkPages(tx *bolt.Tx) error {
 	return err
 }
 
-// walkPages checks the page tree of the file tx reads and returns the
-// pages in it.
+// walkPages checks the page tree and the freelist of the file tx reads and
+// returns the pages in use: the tree's and the freelist's own.
 func walkPages(tx *bolt.Tx) (map[uint64]bool, error) {
 	f, err := os.Open(tx.DB().Path())
 	if err != nil {
@@ -60,92 +77,191 @@ func walkPages(tx *bolt.Tx) (map[uint64]bool, error) {
 	if tx.Size() < 0 || w.pages*w.pageSize > uint64(fi.Size()) {
 		return nil, fmt.Errorf("the file holds %d bytes, its meta page claims %d pages of %d", fi.Size(), w.pages, w.pageSize)
 	}
-	return w.seen, w.page(uint64(tx.Cursor().Bucket().Root()))
+	root := uint64(tx.Cursor().Bucket().Root())
+	freelist, err := w.freelistPage(uint64(tx.ID()), root)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := w.page(root, nil, nil); err != nil {
+		return nil, err
+	}
+	return w.seen, w.freelist(freelist)
 }
 
-// page checks page id and everything below it.
-func (w *pageWalk) page(id uint64) error {
+// freelistPage returns the freelist page named by the meta page bbolt
+// chose: the valid one of transaction txid with this root.
+func (w *pageWalk) freelistPage(txid, root uint64) (uint64, error) {
+	for i := range uint64(2) {
+		m := make([]byte, metaSize)
+		if _, err := w.f.ReadAt(m, int64(i*w.pageSize+pageHeaderSize)); err != nil {
+			continue
+		}
+		h := fnv.New64a()
+		h.Write(m[:56])
+		le := binary.LittleEndian
+		if le.Uint32(m) == metaMagic && le.Uint32(m[4:]) == metaVersion && le.Uint64(m[56:]) == h.Sum64() &&
+			le.Uint64(m[48:]) == txid && le.Uint64(m[16:]) == root {
+			return le.Uint64(m[32:]), nil
+		}
+	}
+	return 0, fmt.Errorf("no meta page names transaction %d", txid)
+}
+
+// read marks page id (and its overflow) as seen and returns its bytes.
+func (w *pageWalk) read(id uint64) ([]byte, error) {
 	if id < 2 || id >= w.pages {
-		return fmt.Errorf("page %d is outside the file's %d pages", id, w.pages)
+		return nil, fmt.Errorf("page %d is outside the file's %d pages", id, w.pages)
 	}
 	hdr := make([]byte, pageHeaderSize)
 	if _, err := w.f.ReadAt(hdr, int64(id*w.pageSize)); err != nil {
-		return fmt.Errorf("page %d: %w", id, err)
+		return nil, fmt.Errorf("page %d: %w", id, err)
 	}
 	overflow := uint64(binary.LittleEndian.Uint32(hdr[12:]))
 	if got := binary.LittleEndian.Uint64(hdr); got != id {
-		return fmt.Errorf("page %d says it is page %d", id, got)
+		return nil, fmt.Errorf("page %d says it is page %d", id, got)
 	}
 	if id+overflow >= w.pages {
-		return fmt.Errorf("page %d runs past the file's %d pages", id, w.pages)
+		return nil, fmt.Errorf("page %d runs past the file's %d pages", id, w.pages)
 	}
 	for p := id; p <= id+overflow; p++ {
 		if w.seen[p] {
-			return fmt.Errorf("page %d is referenced twice", p)
+			return nil, fmt.Errorf("page %d is referenced twice", p)
 		}
 		w.seen[p] = true
 	}
 	buf := make([]byte, (1+overflow)*w.pageSize)
 	if _, err := w.f.ReadAt(buf, int64(id*w.pageSize)); err != nil {
-		return fmt.Errorf("page %d: %w", id, err)
+		return nil, fmt.Errorf("page %d: %w", id, err)
 	}
-	return w.node(id, buf)
+	return buf, nil
 }
 
-// node checks the elements of page p (a page of the file, or an inline
-// bucket's page inside its parent's value).
-func (w *pageWalk) node(id uint64, p []byte) error {
+// page checks page id and everything below it; its keys must lie in
+// [lo, hi) (nil: unbounded). It returns the last key of its subtree.
+func (w *pageWalk) page(id uint64, lo, hi []byte) ([]byte, error) {
+	buf, err := w.read(id)
+	if err != nil {
+		return nil, err
+	}
+	return w.node(id, buf, lo, hi, true)
+}
+
+// node checks the elements of page p: a page of the file, or an inline
+// bucket's page inside its parent's value, whose keys bbolt does not check
+// (ordered false).
+func (w *pageWalk) node(id uint64, p []byte, lo, hi []byte, ordered bool) (last []byte, err error) {
 	if len(p) < pageHeaderSize {
-		return fmt.Errorf("page %d is cut short", id)
+		return nil, fmt.Errorf("page %d is cut short", id)
 	}
 	flags, count := binary.LittleEndian.Uint16(p[8:]), uint64(binary.LittleEndian.Uint16(p[10:]))
 	if pageHeaderSize+count*pageElementSize > uint64(len(p)) {
-		return fmt.Errorf("page %d: %d elements do not fit", id, count)
+		return nil, fmt.Errorf("page %d: %d elements do not fit", id, count)
+	}
+	key := func(i, pos, ksize uint64) ([]byte, error) {
+		at := pageHeaderSize + i*pageElementSize + pos
+		if at+ksize > uint64(len(p)) {
+			return nil, fmt.Errorf("page %d: element %d reaches past the page", id, i)
+		}
+		return p[at : at+ksize], nil
+	}
+	inOrder := func(i uint64, k, prev []byte) error {
+		switch {
+		case !ordered:
+		case i == 0 && prev != nil && bytes.Compare(prev, k) > 0,
+			i > 0 && bytes.Compare(prev, k) >= 0,
+			hi != nil && bytes.Compare(k, hi) >= 0:
+			return fmt.Errorf("page %d: key %d is out of order", id, i)
+		}
+		return nil
 	}
 	switch flags {
 	case branchPageFlag:
 		if count == 0 {
-			return fmt.Errorf("branch page %d is empty", id)
+			return nil, fmt.Errorf("branch page %d is empty", id)
 		}
+		keys := make([][]byte, count)
 		for i := range count {
-			at := pageHeaderSize + i*pageElementSize
-			e := p[at:]
-			pos, ksize := uint64(binary.LittleEndian.Uint32(e)), uint64(binary.LittleEndian.Uint32(e[4:]))
-			if at+pos+ksize > uint64(len(p)) {
-				return fmt.Errorf("page %d: element %d reaches past the page", id, i)
-			}
-			if err := w.page(binary.LittleEndian.Uint64(e[8:])); err != nil {
-				return err
+			e := p[pageHeaderSize+i*pageElementSize:]
+			if keys[i], err = key(i, uint64(binary.LittleEndian.Uint32(e)), uint64(binary.LittleEndian.Uint32(e[4:]))); err != nil {
+				return nil, err
 			}
 		}
+		prev := lo
+		for i := range count {
+			if err := inOrder(i, keys[i], prev); err != nil {
+				return nil, err
+			}
+			next := hi
+			if i+1 < count {
+				next = keys[i+1]
+			}
+			e := p[pageHeaderSize+i*pageElementSize:]
+			if last, err = w.page(binary.LittleEndian.Uint64(e[8:]), keys[i], next); err != nil {
+				return nil, err
+			}
+			prev = last
+		}
+		return last, nil
 	case leafPageFlag:
+		prev := lo
 		for i := range count {
-			at := pageHeaderSize + i*pageElementSize
-			e := p[at:]
+			e := p[pageHeaderSize+i*pageElementSize:]
 			pos, ksize := uint64(binary.LittleEndian.Uint32(e[4:])), uint64(binary.LittleEndian.Uint32(e[8:]))
 			vsize := uint64(binary.LittleEndian.Uint32(e[12:]))
-			if at+pos+ksize+vsize > uint64(len(p)) {
-				return fmt.Errorf("page %d: element %d reaches past the page", id, i)
+			kv, err := key(i, pos, ksize+vsize)
+			if err != nil {
+				return nil, err
 			}
+			k, v := kv[:ksize], kv[ksize:]
+			if err := inOrder(i, k, prev); err != nil {
+				return nil, err
+			}
+			prev, last = k, k
 			if binary.LittleEndian.Uint32(e)&bucketLeafFlag == 0 {
 				continue
 			}
-			v := p[at+pos+ksize : at+pos+ksize+vsize]
 			if len(v) < bucketHeader {
-				return fmt.Errorf("page %d: element %d is a bucket without a header", id, i)
+				return nil, fmt.Errorf("page %d: element %d is a bucket without a header", id, i)
 			}
-			var err error
 			if root := binary.LittleEndian.Uint64(v); root == 0 {
-				err = w.node(id, v[bucketHeader:])
+				_, err = w.node(id, v[bucketHeader:], nil, nil, false)
 			} else {
-				err = w.page(root)
+				_, err = w.page(root, nil, nil)
 			}
 			if err != nil {
-				return err
+				return nil, err
 			}
 		}
-	default:
-		return fmt.Errorf("page %d has kind %#x where a branch or a leaf belongs", id, flags)
+		return last, nil
+	}
+	return nil, fmt.Errorf("page %d has kind %#x where a branch or a leaf belongs", id, flags)
+}
+
+// freelist checks the stored freelist at page id, if the file has one:
+// every page it lists is inside the file and not in the tree.
+func (w *pageWalk) freelist(id uint64) error {
+	if id == noFreelist {
+		return nil
+	}
+	buf, err := w.read(id)
+	if err != nil {
+		return fmt.Errorf("freelist: %w", err)
+	}
+	if binary.LittleEndian.Uint16(buf[8:]) != freelistPageFlag {
+		return fmt.Errorf("freelist page %d is not a freelist", id)
+	}
+	count, at := uint64(binary.LittleEndian.Uint16(buf[10:])), uint64(pageHeaderSize)
+	if count == 0xFFFF {
+		count, at = binary.LittleEndian.Uint64(buf[pageHeaderSize:]), pageHeaderSize+8
+	}
+	if count > (uint64(len(buf))-at)/8 {
+		return fmt.Errorf("freelist page %d: %d ids do not fit", id, count)
+	}
+	for i := range count {
+		free := binary.LittleEndian.Uint64(buf[at+8*i:])
+		if free < 2 || free >= w.pages || w.seen[free] {
+			return fmt.Errorf("freelist page %d lists page %d, which is in use or outside the file", id, free)
+		}
 	}
 	return nil
 }
