@@ -137,6 +137,10 @@ func (l *Lists) Trust(ctx context.Context, name string, pemData []byte) (*fsm.Au
 	if err != nil {
 		return nil, err
 	}
+	if len(ca.Raw) > fsm.MaxTrustedCABytes {
+		return nil, errcode.InvalidCertificate.With("the CA %q is %d bytes; a trusted CA's certificate is at most %d",
+			ca.Subject.CommonName, len(ca.Raw), fsm.MaxTrustedCABytes)
+	}
 	if now := time.Now(); now.After(ca.NotAfter) {
 		return nil, errcode.InvalidCertificate.With("the CA %q expired on %s", ca.Subject.CommonName,
 			ca.NotAfter.UTC().Format(time.RFC3339))

@@ -10,6 +10,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"errors"
+	"fmt"
 	"math/big"
 	"path/filepath"
 	"strings"
@@ -179,6 +180,14 @@ func TestListsThroughTheStateMachine(t *testing.T) {
 	if _, err := l.Trust(ctx, "old", expiredCA(t)); !errors.Is(err, errcode.InvalidCertificate) {
 		t.Fatalf("trust an expired CA: %v", err)
 	}
+	var hosts []string
+	for i := range 800 {
+		hosts = append(hosts, fmt.Sprintf("node-%03d.island-c.example", i))
+	}
+	large := selfSignedCA(t, "large CA", time.Now().Add(24*time.Hour), hosts)
+	if _, err := l.Trust(ctx, "large", large); !errors.Is(err, errcode.InvalidCertificate) {
+		t.Fatalf("trust a CA of more than %d bytes: %v", fsm.MaxTrustedCABytes, err)
+	}
 	if _, err := l.Untrust(ctx, "abc"); !errors.Is(err, errcode.InvalidParams) {
 		t.Fatalf("untrust a bad fingerprint: %v", err)
 	}
@@ -218,12 +227,18 @@ func TestListsThroughTheStateMachine(t *testing.T) {
 // expiredCA is the PEM of a CA whose validity ended yesterday.
 func expiredCA(t *testing.T) []byte {
 	t.Helper()
+	return selfSignedCA(t, "old CA", time.Now().Add(-24*time.Hour), nil)
+}
+
+// selfSignedCA is a CA certificate valid until notAfter naming hosts.
+func selfSignedCA(t *testing.T, name string, notAfter time.Time, hosts []string) []byte {
+	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "old CA"},
-		NotBefore: time.Now().Add(-48 * time.Hour), NotAfter: time.Now().Add(-24 * time.Hour),
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: name},
+		NotBefore: notAfter.Add(-24 * time.Hour), NotAfter: notAfter, DNSNames: hosts,
 		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"encoding/pem"
 	"net/http"
 
+	"github.com/raftlockd/raftlockd/access"
 	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/fsm"
 	"github.com/raftlockd/raftlockd/wire"
@@ -44,6 +45,11 @@ func (h *handler) revoke(w http.ResponseWriter, r *http.Request) error {
 	}
 	if req.Serial == "" {
 		return errcode.InvalidParams.With("serial is required")
+	}
+	if id := identityOf(r.Context()); id != nil {
+		if s, err := access.NormalizeSerial(req.Serial); err == nil && s == id.Serial {
+			return errcode.InvalidParams.With("serial %s is the certificate this request is made with: revoking it would lock its holder out", s)
+		}
 	}
 	info, err := h.Access.Revoke(r.Context(), req.Serial, req.Reason)
 	if err != nil {

@@ -161,6 +161,9 @@ func IdentityOf(c *x509.Certificate) (Identity, error) {
 			id.Perms = append(id.Perms, p)
 		}
 	}
+	if c.IsCA {
+		id.Role = RoleCA // a role URI does not make a CA a caller
+	}
 	switch id.Role {
 	case RoleCA, RoleServer, RoleClient, RoleTCClient:
 	default:

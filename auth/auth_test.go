@@ -2,11 +2,13 @@ package auth
 
 import (
 	"bytes"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"io"
 	"net"
+	"net/url"
 	"path/filepath"
 	"testing"
 	"time"
@@ -296,5 +298,28 @@ func TestExtendBridgesTwoCAs(t *testing.T) {
 	back := mustIssue(t, newCA, RoleServer, IssueOptions{Name: "node"}).Extend(oldCA)
 	if !bytes.Equal(back.GossipKey, newCA.GossipKey) || !bytes.Equal(back.GossipAccept[0], oldCA.GossipKey) {
 		t.Fatal("a new-CA bundle extended with the old CA does not send with the new key and read the old")
+	}
+}
+
+// A CA certificate is never a caller, whatever role its SAN URIs claim.
+func TestACACertificateClaimingARoleIsStillACA(t *testing.T) {
+	ca := mustCA(t)
+	tmpl := *ca.Cert
+	tmpl.URIs = []*url.URL{{Scheme: uriScheme, Host: "role", Path: "/" + string(RoleServer)}}
+	der, err := x509.CreateCertificate(rand.Reader, &tmpl, ca.Cert, ca.Cert.PublicKey, ca.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claiming, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if id, err := IdentityOf(claiming); err != nil || id.Role != RoleCA {
+		t.Fatalf("a CA claiming the server role: %+v %v", id, err)
+	}
+	roots := x509.NewCertPool()
+	roots.AddCert(claiming)
+	if _, err := Verify([]*x509.Certificate{claiming}, roots, time.Now()); !errors.Is(err, ErrWrongRole) {
+		t.Fatalf("a CA claiming the server role as a peer: %v", err)
 	}
 }

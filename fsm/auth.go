@@ -79,8 +79,11 @@ func (s *applyState) revoke(c *RevokeCmd) *Result {
 	return &Result{Auth: &AuthInfo{Revocation: &r, Changed: true}}
 }
 
+// MaxTrustedCABytes bounds the DER form of a trusted CA's certificate.
+const MaxTrustedCABytes = 16 << 10
+
 func (s *applyState) trust(c *TrustCmd) *Result {
-	if !isLowerHex(c.Fingerprint, 64) || len(c.Fingerprint) != 64 || len(c.Name) > 256 || len(c.Cert) > 16<<10 ||
+	if !isLowerHex(c.Fingerprint, 64) || len(c.Fingerprint) != 64 || len(c.Name) > 256 || len(c.Cert) > MaxTrustedCABytes ||
 		(!c.Remove && len(c.Cert) == 0) {
 		return fail(errcode.MalformedCmd.With("a trust entry needs a SHA-256 fingerprint and, to add, the certificate"))
 	}

@@ -257,6 +257,11 @@ func TestRevokeClient(t *testing.T) {
 	// The data dir's client bundle is another certificate: still served.
 	mustCLI(t, srv.clientEnv(), "", "client", "get", "--key", "k")
 	wantFailure(t, srv.clientEnv(), []string{"auth", "revoke", "server", serial}, "client SERIAL or tcclient SERIAL")
+	// The certificate a revocation is made with cannot revoke itself: the
+	// operator would be locked out of the commands that could undo it.
+	own := inspect(t, filepath.Join(srv.dataDir, "tls", "server.pem")).Serial
+	wantFailure(t, srv.clientEnv(), []string{"auth", "revoke", "client", own}, "invalid_params", "lock its holder out")
+	mustCLI(t, srv.clientEnv(), "", "auth", "revoked")
 	wantFailure(t, srv.clientEnv(), []string{"auth", "revoke", "client", "not-hex"}, "invalid_params")
 }
 
