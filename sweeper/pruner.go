@@ -15,14 +15,15 @@ type Pass interface {
 }
 
 // PruneDue tells whether a prune pass has work: a transaction past its
-// delete-at-height, a preserve that ended or an undo delta out of the
-// rollback window.
+// delete-at-height, a preserve that ended, an undo delta out of the
+// rollback window, or a retention and window in the replicated state that
+// are not this server's.
 type PruneDue interface {
 	PruneDue() bool
 }
 
-// Pruner runs prune passes on the leader, one per interval while there is
-// work, off the request path: each pass is a bounded Raft entry that
+// Pruner runs prune passes on the leader, one as it starts leading and one
+// per interval after that while there is work, off the request path: each pass is a bounded Raft entry that
 // resumes from the cursor the previous one left in the replicated state,
 // so a new leader carries on where the old one stopped.
 type Pruner struct {
