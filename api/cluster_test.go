@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -175,6 +176,7 @@ func TestBadSnapshotUploadIs400(t *testing.T) {
 		// Uploaded without its checksum: the document is matched against
 		// its record's etag.
 		{"a document damaged in place", strings.Replace(string(good), `{"keep":true}`, `{"keep"xtrue}`, -1), "invalid_snapshot"},
+		{"longer than its first page says", string(good) + strings.Repeat("\x00", 4096), "invalid_snapshot"},
 	} {
 		r := e.operator().do(http.MethodPost, "/v1/cluster/snapshot", nil, c.body)
 		if r.status != http.StatusBadRequest {
@@ -182,10 +184,42 @@ func TestBadSnapshotUploadIs400(t *testing.T) {
 		}
 		wantErr(t, r, http.StatusBadRequest, c.code)
 	}
+	// An upload that does not start as a state file is refused after its
+	// first bytes, not stored whole.
+	zeros := &countingZeros{left: 256 << 20}
+	req, err := http.NewRequest(http.MethodPost, e.url+"/v1/cluster/snapshot", zeros)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res, err := e.operator().hc.Do(req); err == nil {
+		body, _ := io.ReadAll(res.Body)
+		res.Body.Close()
+		wantErr(t, resp{status: res.StatusCode, header: res.Header, body: body}, http.StatusBadRequest, "invalid_snapshot")
+	}
+	if sent := zeros.sent.Load(); sent > 64<<20 {
+		t.Fatalf("%d bytes of zeros were read before the upload was refused", sent)
+	}
 	if r := e.publicGet("default", "keep"); r.status != http.StatusOK || string(r.body) != `{"keep":true}` {
 		t.Fatalf("state after refused uploads: %d %s", r.status, r.body)
 	}
 	wantErr(t, e.operator().do(http.MethodPut, "/v1/cluster/snapshot", nil, ""), http.StatusMethodNotAllowed, "method_not_allowed")
+}
+
+// countingZeros is left zero bytes, counting what was read.
+type countingZeros struct {
+	left int64
+	sent atomic.Int64
+}
+
+func (z *countingZeros) Read(p []byte) (int, error) {
+	if z.left == 0 {
+		return 0, io.EOF
+	}
+	n := int(min(int64(len(p)), z.left))
+	clear(p[:n])
+	z.left -= int64(n)
+	z.sent.Add(int64(n))
+	return n, nil
 }
 
 // The operator endpoints on a one-node cluster, and their input checks.

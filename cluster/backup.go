@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -8,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -129,7 +131,7 @@ func (n *Node) Restore(ctx context.Context, r io.Reader) (RestoreInfo, error) {
 		return RestoreInfo{}, fmt.Errorf("cluster: restore: %w", err)
 	}
 	defer os.Remove(tmp.Name())
-	src := &readErr{r: r}
+	src := &readErr{r: &sizedUpload{r: r, fits: n.roomFor}}
 	size, err := io.Copy(tmp, src)
 	if err == nil {
 		err = tmp.Sync()
@@ -202,6 +204,59 @@ func (n *Node) restoreFile(ctx context.Context, path string, applied uint64) err
 
 // readErr remembers a failure of the reader, to tell a bad upload from a
 // local storage failure.
+// sizedUpload reads a snapshot upload no further than the size its first
+// meta page gives (fsm.SnapshotSize), and no further than that page when
+// the upload does not start with one, or when the data directory has no
+// room for it: an upload cannot fill the disk the Raft log lives on.
+type sizedUpload struct {
+	r    io.Reader
+	fits func(size int64) error
+	size int64 // from the header; 0 until it is read, -1 for an upload too short to have one
+	read int64
+}
+
+func (u *sizedUpload) Read(p []byte) (int, error) {
+	if u.size == 0 {
+		head := make([]byte, fsm.SnapshotHeaderBytes)
+		n, err := io.ReadFull(u.r, head)
+		switch {
+		case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+			u.size, u.r = -1, bytes.NewReader(head[:n]) // the check refuses it whole
+		case err != nil:
+			return 0, err
+		default:
+			if u.size, err = fsm.SnapshotSize(head); err != nil {
+				return 0, err
+			}
+			if err := u.fits(u.size); err != nil {
+				return 0, err
+			}
+			u.r = io.MultiReader(bytes.NewReader(head), u.r)
+		}
+	}
+	n, err := u.r.Read(p)
+	if u.read += int64(n); u.size > 0 && u.read > u.size {
+		return n, errcode.InvalidSnapshot.With("the upload runs past the %d bytes its first page gives", u.size)
+	}
+	return n, err
+}
+
+// roomFor tells whether the data directory has room for a restore of a
+// state file of size bytes: the upload, raft's snapshot of it and the new
+// state file, with 64 MiB to spare.
+func (n *Node) roomFor(size int64) error {
+	var st syscall.Statfs_t
+	if err := syscall.Statfs(n.cfg.DataDir, &st); err != nil {
+		return nil // unknown: writing will tell
+	}
+	free := uint64(st.Bavail) * uint64(st.Bsize)
+	if need := 3*uint64(size) + 64<<20; need > free {
+		return errcode.RequestTooLarge.With("a snapshot of %d bytes needs %d bytes free in the data directory, which has %d",
+			size, need, free)
+	}
+	return nil
+}
+
 type readErr struct {
 	r   io.Reader
 	err error

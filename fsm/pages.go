@@ -8,6 +8,8 @@ import (
 	"os"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/raftlockd/raftlockd/errcode"
 )
 
 // The page tree of a state file from elsewhere (a snapshot, a backup) is
@@ -88,20 +90,53 @@ func walkPages(tx *bolt.Tx) (map[uint64]bool, error) {
 	return w.seen, w.freelist(freelist)
 }
 
+// meta is what checkPages and SnapshotSize use of a bbolt meta page.
+type meta struct {
+	pageSize                   uint32
+	root, freelist, pages, txn uint64
+}
+
+// parseMeta reads a meta page's body (after its page header); ok is false
+// unless its magic, version and checksum are right.
+func parseMeta(m []byte) (meta, bool) {
+	if len(m) < metaSize {
+		return meta{}, false
+	}
+	h := fnv.New64a()
+	h.Write(m[:56])
+	le := binary.LittleEndian
+	ok := le.Uint32(m) == metaMagic && le.Uint32(m[4:]) == metaVersion && le.Uint64(m[56:]) == h.Sum64()
+	return meta{pageSize: le.Uint32(m[8:]), root: le.Uint64(m[16:]), freelist: le.Uint64(m[32:]), pages: le.Uint64(m[40:]),
+		txn: le.Uint64(m[48:])}, ok
+}
+
+// SnapshotHeaderBytes is how much of a state file SnapshotSize reads.
+const SnapshotHeaderBytes = pageHeaderSize + metaSize
+
+// SnapshotSize is the size a state file as a snapshot stream carries it
+// (the pages in use, written whole) says it has, read from its first
+// SnapshotHeaderBytes: an error when they are not a bbolt meta page.
+func SnapshotSize(head []byte) (int64, error) {
+	if len(head) < SnapshotHeaderBytes {
+		return 0, errcode.InvalidSnapshot.With("not a raftlockd state file: %d bytes", len(head))
+	}
+	m, ok := parseMeta(head[pageHeaderSize:])
+	if !ok || m.pageSize < 512 || m.pageSize > 1<<24 || m.pages < 2 || m.pages > 1<<40/uint64(m.pageSize) {
+		return 0, errcode.InvalidSnapshot.With("not a raftlockd state file: its first page is not a bbolt meta page")
+	}
+	return int64(m.pages) * int64(m.pageSize), nil
+}
+
 // freelistPage returns the freelist page named by the meta page bbolt
 // chose: the valid one of transaction txid with this root.
 func (w *pageWalk) freelistPage(txid, root uint64) (uint64, error) {
 	for i := range uint64(2) {
-		m := make([]byte, metaSize)
-		if _, err := w.f.ReadAt(m, int64(i*w.pageSize+pageHeaderSize)); err != nil {
+		b := make([]byte, metaSize)
+		if _, err := w.f.ReadAt(b, int64(i*w.pageSize+pageHeaderSize)); err != nil {
 			continue
 		}
-		h := fnv.New64a()
-		h.Write(m[:56])
-		le := binary.LittleEndian
-		if le.Uint32(m) == metaMagic && le.Uint32(m[4:]) == metaVersion && le.Uint64(m[56:]) == h.Sum64() &&
-			le.Uint64(m[48:]) == txid && le.Uint64(m[16:]) == root {
-			return le.Uint64(m[32:]), nil
+		if m, ok := parseMeta(b); ok && m.txn == txid && m.root == root {
+			return m.freelist, nil
 		}
 	}
 	return 0, fmt.Errorf("no meta page names transaction %d", txid)
