@@ -147,12 +147,12 @@ func (w *pageWalk) read(id uint64) ([]byte, error) {
 	if id < 2 || id >= w.pages {
 		return nil, fmt.Errorf("page %d is outside the file's %d pages", id, w.pages)
 	}
-	hdr := make([]byte, pageHeaderSize)
-	if _, err := w.f.ReadAt(hdr, int64(id*w.pageSize)); err != nil {
+	buf := make([]byte, w.pageSize)
+	if _, err := w.f.ReadAt(buf, int64(id*w.pageSize)); err != nil {
 		return nil, fmt.Errorf("page %d: %w", id, err)
 	}
-	overflow := uint64(binary.LittleEndian.Uint32(hdr[12:]))
-	if got := binary.LittleEndian.Uint64(hdr); got != id {
+	overflow := uint64(binary.LittleEndian.Uint32(buf[12:]))
+	if got := binary.LittleEndian.Uint64(buf); got != id {
 		return nil, fmt.Errorf("page %d says it is page %d", id, got)
 	}
 	if id+overflow >= w.pages {
@@ -164,9 +164,11 @@ func (w *pageWalk) read(id uint64) ([]byte, error) {
 		}
 		w.seen[p] = true
 	}
-	buf := make([]byte, (1+overflow)*w.pageSize)
-	if _, err := w.f.ReadAt(buf, int64(id*w.pageSize)); err != nil {
-		return nil, fmt.Errorf("page %d: %w", id, err)
+	if overflow > 0 {
+		buf = append(buf, make([]byte, overflow*w.pageSize)...)
+		if _, err := w.f.ReadAt(buf[w.pageSize:], int64((id+1)*w.pageSize)); err != nil {
+			return nil, fmt.Errorf("page %d: %w", id, err)
+		}
 	}
 	return buf, nil
 }
