@@ -163,6 +163,8 @@ func (s *applyState) apply(data []byte) *Result {
 		return s.utxoPrune(c.UTXOPrune)
 	case OpDropWaits:
 		return s.dropWaits(c.DropWaits)
+	case OpForgetKeys:
+		return s.forgetKeys(c.ForgetKeys)
 	}
 	return fail(errcode.UnknownCmd.With("%q", c.Op))
 }

@@ -326,37 +326,7 @@ func raiseMessageTokens(cur *View, tx *bolt.Tx) error {
 	if err != nil || hwm == 0 {
 		return err
 	}
-	msgs, err := tx.CreateBucketIfNotExists(bucketQMsgs)
-	if err != nil {
-		return err
-	}
-	raised := map[string][]byte{} // written after the walk: bbolt forbids writes during it
-	err = msgs.ForEach(func(k, v []byte) error {
-		var m Message
-		if err := json.Unmarshal(v, &m); err != nil {
-			return errcode.InvalidSnapshot.With("%s record %q is malformed", bucketQMsgs, k)
-		}
-		if uint64(m.Fencing) >= hwm {
-			return nil
-		}
-		m.Fencing = int64(hwm)
-		raw, err := json.Marshal(m)
-		raised[string(k)] = raw
-		return err
-	})
-	if err != nil {
-		return err
-	}
-	for k, raw := range raised {
-		if err := msgs.Put([]byte(k), raw); err != nil {
-			return err
-		}
-	}
-	meta := tx.Bucket(bucketMeta)
-	if hwm > u64(meta.Get(metaMsgTokens)) {
-		return meta.Put(metaMsgTokens, putU64(hwm))
-	}
-	return nil
+	return raiseFencing(tx, bucketQMsgs, metaMsgTokens, hwm, func(m *Message) *int64 { return &m.Fencing })
 }
 
 // keepOwnEntry gives the registry entries of the island the file came from
@@ -386,11 +356,19 @@ func keepOwnEntry(cur *View, tx *bolt.Tx, from, self []byte) error {
 
 // raiseKeyTokens raises the fencing counter of every key in the file to at
 // least its current value, so that no token repeats; a key the file does
-// not know gets a record holding only the counter.
+// not know gets a record holding only the counter. A key forgotten since
+// the file was made counted at most to the current floor, so every key of
+// the file counts on from at least the floor, and the file's floor rises
+// to it.
 func raiseKeyTokens(cur *View, tx *bolt.Tx) error {
 	into, err := tx.CreateBucketIfNotExists(bucketKeys)
 	if err != nil {
 		return err
+	}
+	if floor := cur.keyFloor(); floor > 0 {
+		if err := raiseFencing(tx, bucketKeys, metaKeyTokens, uint64(floor), func(r *KeyRecord) *int64 { return &r.Fencing }); err != nil {
+			return err
+		}
 	}
 	return cur.b(bucketKeys).ForEach(func(k, v []byte) error {
 		var now, rec KeyRecord
@@ -412,4 +390,45 @@ func raiseKeyTokens(cur *View, tx *bolt.Tx) error {
 		}
 		return into.Put(bytes.Clone(k), raw)
 	})
+}
+
+// raiseFencing raises the fencing counter of every record of bucket in the
+// file tx that is below floor to it, and the file's counter metaKey to at
+// least floor.
+func raiseFencing[T any](tx *bolt.Tx, bucket, metaKey []byte, floor uint64, fencing func(*T) *int64) error {
+	records, err := tx.CreateBucketIfNotExists(bucket)
+	if err != nil {
+		return err
+	}
+	raised := map[string][]byte{} // written after the walk: bbolt forbids writes during it
+	err = records.ForEach(func(k, v []byte) error {
+		var rec T
+		if err := json.Unmarshal(v, &rec); err != nil {
+			return errcode.InvalidSnapshot.With("%s record %q is malformed", bucket, k)
+		}
+		f := fencing(&rec)
+		if uint64(*f) >= floor {
+			return nil
+		}
+		*f = int64(floor)
+		raw, err := json.Marshal(rec)
+		raised[string(k)] = raw
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	for k, raw := range raised {
+		if err := records.Put([]byte(k), raw); err != nil {
+			return err
+		}
+	}
+	meta, err := tx.CreateBucketIfNotExists(bucketMeta)
+	if err != nil {
+		return err
+	}
+	if floor > u64(meta.Get(metaKey)) {
+		return meta.Put(metaKey, putU64(floor))
+	}
+	return nil
 }

@@ -41,6 +41,7 @@ const (
 	OpUTXOBlock  Op = "utxo_block"
 	OpUTXOPrune  Op = "utxo_prune"
 	OpDropWaits  Op = "drop_waits"
+	OpForgetKeys Op = "forget_keys"
 )
 
 // formatV1 is the first byte of every encoded command.
@@ -62,16 +63,22 @@ const formatV3 = 3
 // may reach, UTXOPruneCmd.KeepTip); it is framed as formatV1.
 const formatV4 = 4
 
+// formatV5 is the first byte of a command only builds of entry format 5
+// apply (forget_keys); it is framed as formatV1.
+const formatV5 = 5
+
 // EntryFormat is the newest entry format this build applies. Nodes announce
-// it; a leader packs commands, and a server proposes drop_waits and prune
-// passes that keep the tip, only when every server announces it (gossip);
-// an entry of a newer format stops the node (apply).
-const EntryFormat = formatV4
+// it; a leader packs commands, and a server proposes drop_waits, prune
+// passes that keep the tip and forget_keys, only when every server
+// announces it (gossip); an entry of a newer format stops the node (apply).
+const EntryFormat = formatV5
 
 // format is the first byte of c's encoding: the oldest entry format whose
 // builds apply c as this one does.
 func (c *Command) format() byte {
 	switch {
+	case c.ForgetKeys != nil:
+		return formatV5
 	case c.UTXOPrune != nil && c.UTXOPrune.KeepTip:
 		return formatV4
 	case c.DropWaits != nil:
@@ -117,6 +124,7 @@ type Command struct {
 	UTXOBlock  *UTXOBlockCmd   `json:"utxo_block,omitempty"`
 	UTXOPrune  *UTXOPruneCmd   `json:"utxo_prune,omitempty"`
 	DropWaits  *DropWaitsCmd   `json:"drop_waits,omitempty"`
+	ForgetKeys *ForgetKeysCmd  `json:"forget_keys,omitempty"`
 }
 
 // AcquireCmd grants a lease on a key, or queues the caller behind the holder.
@@ -282,7 +290,7 @@ func unpack(data []byte) ([][]byte, error) {
 // Decode parses an encoded command. It rejects anything Encode would not have
 // produced, with errcode.MalformedCmd, and never panics.
 func Decode(data []byte) (*Command, error) {
-	if len(data) < 2 || (data[0] != formatV1 && data[0] != formatV3 && data[0] != formatV4) {
+	if len(data) < 2 || (data[0] != formatV1 && data[0] != formatV3 && data[0] != formatV4 && data[0] != formatV5) {
 		return nil, errcode.MalformedCmd.With("unknown command format")
 	}
 	i := bytes.IndexByte(data, '\n')
@@ -299,7 +307,8 @@ func Decode(data []byte) (*Command, error) {
 		c.Sweep != nil, c.Noop != nil, c.SetBackend != nil, c.Decide != nil, c.Prepare != nil, c.RMApply != nil,
 		c.Ack != nil, c.RMRegister != nil, c.Enqueue != nil, c.Dequeue != nil, c.QCancel != nil, c.QAck != nil,
 		c.QNack != nil, c.QExtend != nil, c.Revoke != nil, c.Trust != nil, c.UTXOCreate != nil, c.UTXOSpend != nil,
-		c.UTXOUpdate != nil, c.UTXOBlock != nil, c.UTXOPrune != nil, c.DropWaits != nil} {
+		c.UTXOUpdate != nil, c.UTXOBlock != nil, c.UTXOPrune != nil, c.DropWaits != nil,
+		c.ForgetKeys != nil} {
 		if p {
 			set++
 		}
@@ -363,6 +372,8 @@ func Decode(data []byte) (*Command, error) {
 		ok = c.UTXOPrune != nil
 	case OpDropWaits:
 		ok = c.DropWaits != nil
+	case OpForgetKeys:
+		ok = c.ForgetKeys != nil
 	default:
 		return nil, errcode.UnknownCmd.With("%q", c.Op)
 	}

@@ -567,15 +567,24 @@ func TestSameLogSameState(t *testing.T) {
 	var logs []*raft.Log
 	var answers [][]byte
 	now := int64(1_000_000)
+	tokens := tokenOrder{}
 	for i := 0; i < 2000; i++ {
 		now += g.rng.Int64N(400)
 		c := g.next()
 		c.Now = now
 		l := logOf(t, uint64(i+1), c)
 		logs = append(logs, l)
+		seen := len(a.rec.events)
 		r := a.f.ApplyBatch([]*raft.Log{l})[0].(*Result)
 		g.learn(r)
 		answers = append(answers, mustJSON(t, r))
+		// Fencing tokens only grow, whatever was forgotten meanwhile.
+		tokens.check(t, seed, r.Lease)
+		for _, e := range a.rec.events[seen:] {
+			if e.Kind == EventGranted {
+				tokens.check(t, seed, e.Lease)
+			}
+		}
 	}
 	b := openHarness(t, t.TempDir())
 	rng := rand.New(rand.NewPCG(uint64(seed), 7))
@@ -624,6 +633,28 @@ func TestSameLogSameState(t *testing.T) {
 	}
 	if !bytes.Equal(a.hashWithoutMeta(), c.hashWithoutMeta()) {
 		t.Fatalf("seed %d: state differs between one command per entry and packed entries", seed)
+	}
+}
+
+// tokenOrder checks that each key's leases come with growing fencing
+// tokens: a lease never has a token below an earlier one's, nor another
+// lease's token.
+type tokenOrder map[string]*LeaseInfo
+
+func (o tokenOrder) check(t *testing.T, seed int64, l *LeaseInfo) {
+	t.Helper()
+	if l == nil {
+		return
+	}
+	k := l.Namespace + "\x00" + l.Key
+	last := o[k]
+	switch {
+	case last == nil || l.Token > last.Token:
+		o[k] = l
+	case l.LeaseID == last.LeaseID && l.Token == last.Token:
+	default:
+		t.Fatalf("seed %d: %s/%s: lease %s with token %d after lease %s with token %d", seed, l.Namespace, l.Key,
+			l.LeaseID, l.Token, last.LeaseID, last.Token)
 	}
 }
 
@@ -886,7 +917,10 @@ func TestMalformedEntriesAreRejectedDeterministically(t *testing.T) {
 		{&Command{Op: OpDropWaits, DropWaits: &DropWaitsCmd{Node: "n", Run: "r"}}, formatV1},
 		{&Command{Op: OpUTXOPrune, UTXOPrune: &UTXOPruneCmd{Limit: 1, KeepTip: true}}, formatV1},
 		{&Command{Op: OpUTXOPrune, UTXOPrune: &UTXOPruneCmd{Limit: 1, KeepTip: true}}, formatV3},
-		{&Command{Op: OpUTXOPrune, UTXOPrune: &UTXOPruneCmd{Limit: 1}}, formatV4}} {
+		{&Command{Op: OpUTXOPrune, UTXOPrune: &UTXOPruneCmd{Limit: 1}}, formatV4},
+		{&Command{Op: OpForgetKeys, ForgetKeys: &ForgetKeysCmd{Keys: []KeyName{{Namespace: "default", Key: "k"}}}}, formatV1},
+		{&Command{Op: OpForgetKeys, ForgetKeys: &ForgetKeysCmd{Keys: []KeyName{{Namespace: "default", Key: "k"}}}}, formatV4},
+		{sweep(), formatV5}} {
 		data, err := Encode(c.cmd)
 		if err != nil {
 			t.Fatal(err)

@@ -80,6 +80,14 @@ func (g *gen) next() *Command {
 		return &Command{Op: OpWrite, Write: &WriteCmd{Namespace: l.Namespace, Key: l.Key, LeaseID: l.LeaseID,
 			TxnID: l.TxnID, Delete: true}}
 	case 6:
+		if g.rng.IntN(4) == 0 {
+			// The leader's listing may be stale: any keys are offered.
+			c := &ForgetKeysCmd{}
+			for i := 1 + g.rng.IntN(3); i > 0; i-- {
+				c.Keys = append(c.Keys, KeyName{Namespace: g.pick([]string{"default", "other"}), Key: g.pick([]string{"a", "b", "c"})})
+			}
+			return &Command{Op: OpForgetKeys, ForgetKeys: c}
+		}
 		return release(g.lease(), g.rng.IntN(3) == 0)
 	case 7:
 		req := "r0"

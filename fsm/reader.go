@@ -47,9 +47,13 @@ func (r reader) getJSON(bucket, key []byte, v any) bool {
 	return true
 }
 
+// keyRecord is the record of k. A key without one counts its fencing
+// tokens from the floor of forgotten keys (ForgetKeysCmd).
 func (r reader) keyRecord(k []byte) KeyRecord {
 	var rec KeyRecord
-	r.getJSON(bucketKeys, k, &rec)
+	if !r.getJSON(bucketKeys, k, &rec) {
+		rec.Fencing = r.keyFloor()
+	}
 	return rec
 }
 

@@ -18,6 +18,7 @@ type Result struct {
 	Queue     *QueueResult   `json:"queue,omitempty"`
 	RM        *RMInfo        `json:"rm,omitempty"`
 	UTXO      *UTXOResult    `json:"utxo,omitempty"`
+	Forgotten int            `json:"forgotten,omitempty"` // key records forgotten (ForgetKeysCmd)
 	// RetryAfter (seconds) tells an acquirer that stopped waiting when the
 	// holder's lease runs out.
 	RetryAfter int64 `json:"retry_after,omitempty"`

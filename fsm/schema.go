@@ -39,6 +39,9 @@ var (
 	// with (8 bytes): a restore raises every message's counter to it, since
 	// a message the backup holds may have been delivered since and be gone.
 	metaMsgTokens = []byte("msg_tokens")
+	// metaKeyTokens is the highest fencing token of a forgotten key record
+	// (8 bytes): a key without a record counts on from it.
+	metaKeyTokens = []byte("key_tokens")
 )
 
 // Transaction states as recorded in .txns.

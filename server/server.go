@@ -42,21 +42,22 @@ func (wallClock) Now() time.Time { return time.Now() }
 
 // Server is a running node.
 type Server struct {
-	cfg      config.Server
-	tls      *auth.Source // nil with mTLS disabled
-	log      *slog.Logger
-	node     *cluster.Node
-	sweeper  *sweeper.Sweeper
-	pruner   *sweeper.Pruner
-	resolver *tc.Resolver
-	http     *http.Server
-	listener net.Listener
-	served   chan error
-	registry *prometheus.Registry
-	drain    context.CancelCauseFunc // ends every request's context at shutdown
-	fresh    freshConns              // API connections without a request yet
-	done     chan struct{}           // closed once Close has finished
-	dropped  chan struct{}           // closed once dropStaleWaits has returned
+	cfg       config.Server
+	tls       *auth.Source // nil with mTLS disabled
+	log       *slog.Logger
+	node      *cluster.Node
+	sweeper   *sweeper.Sweeper
+	pruner    *sweeper.Pruner
+	forgetter *sweeper.Forgetter
+	resolver  *tc.Resolver
+	http      *http.Server
+	listener  net.Listener
+	served    chan error
+	registry  *prometheus.Registry
+	drain     context.CancelCauseFunc // ends every request's context at shutdown
+	fresh     freshConns              // API connections without a request yet
+	done      chan struct{}           // closed once Close has finished
+	dropped   chan struct{}           // closed once dropStaleWaits has returned
 
 	closeOnce sync.Once
 	closeErr  error
@@ -227,6 +228,11 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 	chain.Observe(newChainMetrics(reg).observe)
 	pruner := sweeper.NewPruner(chain, pruneDue{node, chain}, cfg.UTXOPruneInterval, log)
 	node.OnLeadership(pruner.SetLeader)
+	forgetter := sweeper.NewForgetter(sweepProposer, forgettableKeys{node}, node, sweeper.ForgetConfig{Logger: log})
+	node.OnLeadership(forgetter.SetLeader)
+	reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "raftlockd_keys_forgotten_total",
+		Help: "Key records this node forgot as leader because they held nothing but their fencing counters."},
+		func() float64 { return float64(forgetter.Forgotten()) }))
 	reg.MustRegister(newStateCollector(node, waits), newUTXOCollector(node))
 	var authn api.Authenticator
 	if checker != nil {
@@ -240,7 +246,7 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 		Gatherer: reg, Registerer: reg, Logger: log, Pprof: cfg.Pprof})
 
 	base, drain := context.WithCancelCause(context.Background())
-	s = &Server{cfg: cfg, log: log, node: node, tls: src, sweeper: sw, pruner: pruner, resolver: resolver, listener: ln, served: make(chan error, 1), registry: reg,
+	s = &Server{cfg: cfg, log: log, node: node, tls: src, sweeper: sw, pruner: pruner, forgetter: forgetter, resolver: resolver, listener: ln, served: make(chan error, 1), registry: reg,
 		drain: drain, done: make(chan struct{}), dropped: make(chan struct{}),
 		http: &http.Server{
 			Handler:           handler,
@@ -338,6 +344,15 @@ func (f clockFunc) Now() time.Time { return f() }
 type pruneDue struct {
 	node  *cluster.Node
 	chain *rm.Chain
+}
+
+// forgettableKeys lists, from the node's state, the key records that hold
+// nothing but their fencing counters.
+type forgettableKeys struct{ node *cluster.Node }
+
+func (k forgettableKeys) ForgettableKeys(after []byte, limit, scan int) (keys []fsm.KeyName, next []byte, err error) {
+	err = k.node.FSM().View(func(v *fsm.View) error { keys, next = v.ForgettableKeys(after, limit, scan); return nil })
+	return keys, next, err
 }
 
 func (p pruneDue) PruneDue() bool {
@@ -574,6 +589,7 @@ func (s *Server) stopNode() error {
 	<-s.dropped
 	s.sweeper.Stop()
 	s.pruner.Stop()
+	s.forgetter.Stop()
 	s.resolver.Stop()
 	return s.node.Close()
 }

@@ -5,7 +5,11 @@
 // once, by the leader, against replicated time, and every node applies the
 // same outcome (rollback of the expired lease's transaction and hand-off to
 // the next waiter). The sweeper sleeps until the earliest deadline in the
-// state instead of polling, and stops as soon as leadership is lost.
+// state instead of polling, and stops as soon as leadership is lost. The
+// package's other leader-only loops keep the state bounded the same way,
+// through Raft and off the request path: the Pruner frees spent UTXO
+// records, the Forgetter key records that hold nothing but a fencing
+// counter.
 package sweeper
 
 import (
