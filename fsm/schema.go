@@ -58,9 +58,10 @@ const (
 )
 
 // KeyRecord is everything the state machine knows about one key except its
-// document: the fencing counter (which never shrinks, so the record is never
-// deleted), the committed state's metadata, the current lease, and how many
-// acquirers are queued.
+// document: the fencing counter (which never shrinks: a record that holds
+// nothing else is forgotten only into the island's floor, ForgetKeysCmd),
+// the committed state's metadata, the current lease, and how many acquirers
+// are queued.
 type KeyRecord struct {
 	Fencing   int64  `json:"fencing"`
 	Version   int64  `json:"version"`
