@@ -32,15 +32,25 @@ type ForgetKeysCmd struct {
 const MaxForget = 4096
 
 // forgettable reports whether rec, the record of k, holds nothing but its
-// fencing counter.
+// fencing counter: its version matters only while a document may follow,
+// which for a message's state sidecar ends with the message.
 func (r reader) forgettable(k []byte, rec *KeyRecord) bool {
-	if rec.Lease != nil || rec.Waiters != 0 || rec.State || rec.Version != 0 {
+	if rec.Lease != nil || rec.Waiters != 0 || rec.State || rec.Version != 0 && !r.orphanSidecar(k) {
 		return false
 	}
 	// The waiter count can drift; the queue is the truth.
 	prefix := waiterPrefix(k)
 	wk, _ := r.b(bucketWaiters).Cursor().Seek(prefix)
 	return wk == nil || !bytes.HasPrefix(wk, prefix)
+}
+
+// orphanSidecar reports whether k is the state sidecar of a message that is
+// gone (acknowledged, dropped or moved to its dead-letter queue, whose
+// deliveries have sidecars of their own).
+func (r reader) orphanSidecar(k []byte) bool {
+	ns, key := splitKey(k)
+	queue, id, ok := parseQueueKey(key, "/state/")
+	return ok && r.b(bucketQMsgs).Get(msgKey(ns, queue, id)) == nil
 }
 
 // keyFloor is the highest fencing token of a forgotten key record.

@@ -142,3 +142,36 @@ func TestRestoreKeepsTheFloorOfForgottenKeys(t *testing.T) {
 		t.Fatalf("token of a new key after restoring = %d, want 6", l.Token)
 	}
 }
+
+// A message's state sidecar is forgotten once the message is gone and the
+// sidecar's document with it; while the message stays, so does its
+// sidecar's record.
+func TestTheSidecarOfAGoneMessageIsForgotten(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(enq("q", "m1", "x"))
+	m := mustDeliver(t, h.one(statefulDeq("q", "r1", "sl-1", "st-1")))
+	h.one(update(m.State, `{"step":1}`))
+	h.one(nackCmd(ref(m)))
+	sidecar := StateKey("q", "m1")
+	if got := h.forgettable(); len(got) != 0 {
+		t.Fatalf("forgettable while the sidecar holds a document: %v", got)
+	}
+	m = mustDeliver(t, h.one(statefulDeq("q", "r2", "sl-2", "st-2")))
+	token := m.State.Token
+	if r := h.one(ackCmd(ref(m))); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if got := h.forgettable(); len(got) != 1 || got[0] != name(sidecar) {
+		t.Fatalf("forgettable after the ack = %v, want the sidecar", got)
+	}
+	if r := h.forget(name(sidecar)); r.Forgotten != 1 || h.keyExists(sidecar) {
+		t.Fatalf("the sidecar of an acknowledged message was kept: %+v", r)
+	}
+	// Should the message come back (a restore), its sidecar counts on.
+	h.one(enq("q", "m1", "again"))
+	m = mustDeliver(t, h.one(statefulDeq("q", "r3", "sl-3", "st-3")))
+	if m.State.Token <= token {
+		t.Fatalf("sidecar token %d after forgetting, was %d", m.State.Token, token)
+	}
+	checkInvariants(t, h)
+}

@@ -256,16 +256,19 @@ func IsMessageKey(key string) bool {
 }
 
 // parseMessageKey reverses MessageKey.
-func parseMessageKey(key string) (queue, id string, ok bool) {
+func parseMessageKey(key string) (queue, id string, ok bool) { return parseQueueKey(key, "/msg/") }
+
+// parseQueueKey reverses MessageKey (kind "/msg/") and StateKey ("/state/").
+func parseQueueKey(key, kind string) (queue, id string, ok bool) {
 	rest, found := strings.CutPrefix(key, "q/")
 	if !found {
 		return "", "", false
 	}
-	i := strings.LastIndex(rest, "/msg/")
-	if i <= 0 || i+len("/msg/") >= len(rest) {
+	i := strings.LastIndex(rest, kind)
+	if i <= 0 || i+len(kind) >= len(rest) {
 		return "", "", false
 	}
-	return rest[:i], rest[i+len("/msg/"):], true
+	return rest[:i], rest[i+len(kind):], true
 }
 
 func (r reader) message(k []byte) *Message {
