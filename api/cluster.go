@@ -78,7 +78,7 @@ func (h *handler) clusterStatus(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusOK, wire.ClusterStatusResponse{NodeID: st.NodeID, RaftAddr: st.RaftAddr, State: st.State,
 		LeaderID: st.Leader, LeaderEndpoint: endpoint, LeaderRaftAddr: st.LeaderAddr, Term: st.Term,
 		LastIndex: st.LastIndex, LastLogTerm: st.LastLogTerm, CommitIndex: st.CommitIndex,
-		AppliedIndex: st.AppliedIndex, LastContactMs: st.LastContactMs, BackendHash: st.BackendHash})
+		AppliedIndex: st.AppliedIndex, LastContactMs: st.LastContactMs, BackendHash: st.BackendHash, Joining: st.Joining})
 	return nil
 }
 
@@ -94,7 +94,7 @@ func (h *handler) clusterMembers(w http.ResponseWriter, r *http.Request) error {
 			Suffrage: m.Suffrage, Leader: m.Leader}
 		if st := m.Status; st != nil {
 			wm.Raft = &wire.RaftStatus{State: st.State, Term: st.Term, LastContactMs: st.LastContactMs,
-				AppliedIndex: st.AppliedIndex, CommitIndex: st.CommitIndex, LastIndex: st.LastIndex}
+				AppliedIndex: st.AppliedIndex, CommitIndex: st.CommitIndex, LastIndex: st.LastIndex, Joining: st.Joining}
 		}
 		if m.Err != nil {
 			wm.Error = m.Err.Error()

@@ -237,6 +237,9 @@ func (n *Node) PeerStatus(ctx context.Context, addr string) (Status, error) {
 // called on a node without Raft state; calling it on every listed server
 // with the same list is as safe as calling it on one.
 func (n *Node) Bootstrap(servers []raft.Server) error {
+	if err := n.founded(); err != nil {
+		return err
+	}
 	return n.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
 }
 

@@ -426,6 +426,10 @@ func (g *gossip) grantPromise(servers []raft.Server) error {
 	if g.promise.key != "" && g.promise.key != key && now.Before(g.promise.until) {
 		return fmt.Errorf("%s promised another bootstrap configuration (%s)", self, g.promise.key)
 	}
+	// A founder's empty state is all the new cluster has: it votes.
+	if err := g.n.founded(); err != nil {
+		return err
+	}
 	g.promise = bootstrapPromise{key: key, until: now.Add(bootstrapPromiseTTL)}
 	return nil
 }

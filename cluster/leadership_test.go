@@ -85,7 +85,6 @@ func (b *blackhole) close() {
 // requests waiting for a leader.
 func TestSlowLeadershipWatcherDoesNotHoldUpRequests(t *testing.T) {
 	var nodes []*Node
-	var servers []raft.Server
 	release := make(chan struct{})
 	called := make(chan string, 16)
 	for i := 0; i < 3; i++ {
@@ -100,12 +99,9 @@ func TestSlowLeadershipWatcherDoesNotHoldUpRequests(t *testing.T) {
 			}
 		})
 		nodes = append(nodes, n)
-		servers = append(servers, raft.Server{ID: raft.ServerID(cfg.NodeID), Address: raft.ServerAddress(n.RaftAddr()), Suffrage: raft.Voter})
 	}
 	t.Cleanup(func() { close(release) }) // runs before the nodes close
-	if err := nodes[0].Bootstrap(servers); err != nil {
-		t.Fatal(err)
-	}
+	bootstrapAll(t, nodes)
 	var leaderID string
 	select {
 	case leaderID = <-called:

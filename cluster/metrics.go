@@ -48,6 +48,14 @@ func newNodeMetrics(reg prometheus.Registerer, n *Node) *nodeMetrics {
 		return m
 	}
 	reg.MustRegister(m.applyBatch, m.entryCommands, m.applySeconds, m.proposeSeconds, m.leaderChanges, m.storeSeconds, m.forwarded, m.grantsPushed,
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "raftlockd_raft_other_island_refused_total",
+			Help: "Raft connections refused because the server dialling belongs to another island."},
+			func() float64 {
+				if n.mux == nil {
+					return 0
+				}
+				return float64(n.mux.refusals.Load())
+			}),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "raftlockd_raft_is_leader", Help: "1 when this node leads."},
 			func() float64 {
 				if n.IsLeader() {

@@ -16,25 +16,48 @@ import (
 // startStatic starts n nodes on loopback and bootstraps them as one cluster.
 func startStatic(t *testing.T, count int) []*Node {
 	t.Helper()
+	dirs, addrs := make([]string, count), make([]string, count)
+	for i := range dirs {
+		dirs[i], addrs[i] = t.TempDir(), "127.0.0.1:0"
+	}
+	return startStaticAt(t, "boot-a", dirs, addrs)
+}
+
+// startStaticAt starts a cluster of len(addrs) voters on the Raft
+// addresses given, in dirs.
+func startStaticAt(t *testing.T, boot string, dirs, addrs []string) []*Node {
+	t.Helper()
 	var nodes []*Node
-	var servers []raft.Server
-	for i := 0; i < count; i++ {
-		cfg := testConfig(t.TempDir(), "boot-a")
+	for i := range dirs {
+		cfg := testConfig(dirs[i], boot)
 		cfg.NodeID = "n" + strconv.Itoa(i+1)
 		cfg.Bootstrap = false
+		cfg.RaftBind = addrs[i]
 		n, err := Open(cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { n.Close() })
 		nodes = append(nodes, n)
-		servers = append(servers, raft.Server{ID: raft.ServerID(cfg.NodeID), Address: raft.ServerAddress(n.RaftAddr()), Suffrage: raft.Voter})
 	}
-	if err := nodes[0].Bootstrap(servers); err != nil {
-		t.Fatal(err)
-	}
+	bootstrapAll(t, nodes)
 	leaderOf(t, nodes)
 	return nodes
+}
+
+// bootstrapAll makes nodes the voters of a new cluster, bootstrapped on
+// every one of them (each is a founder).
+func bootstrapAll(t *testing.T, nodes []*Node) {
+	t.Helper()
+	var servers []raft.Server
+	for _, n := range nodes {
+		servers = append(servers, raft.Server{ID: raft.ServerID(n.ID()), Address: raft.ServerAddress(n.RaftAddr()), Suffrage: raft.Voter})
+	}
+	for _, n := range nodes {
+		if err := n.Bootstrap(servers); err != nil {
+			t.Fatal(err)
+		}
+	}
 }
 
 func leaderOf(t *testing.T, nodes []*Node) *Node {

@@ -251,14 +251,14 @@ func Open(cfg Config) (_ *Node, err error) {
 			return
 		}
 		rpcServer.ServeConn(c)
-	}, cfg.Logger)
+	}, n.fsm.BackendHash, cfg.Logger)
 	closers = append(closers, closerFunc(func() error { n.mux.close(); return nil }))
 	n.peers = &peers{network: cfg.Network, clients: map[string]*rpc.Client{}}
 	closers = append(closers, closerFunc(func() error { n.peers.close(); return nil }))
 	addrs := &raftAddresses{}
-	n.transport = &raftTransport{NetworkTransport: raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+	n.transport = newRaftTransport(raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:                &streamLayer{m: n.mux, network: cfg.Network, advertise: advertise},
-		ServerAddressProvider: addrs, MaxPool: 3, Timeout: 10 * time.Second, Logger: hl})}
+		ServerAddressProvider: addrs, MaxPool: 3, Timeout: 10 * time.Second, Logger: hl}))
 	closers = append(closers, n.transport)
 
 	rc := raft.DefaultConfig()
@@ -299,18 +299,25 @@ func Open(cfg Config) (_ *Node, err error) {
 	if err := raft.ValidateConfig(rc); err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
-	if cfg.Bootstrap {
-		has, err := raft.HasExistingState(n.store, n.store, snaps)
-		if err != nil {
-			return nil, fmt.Errorf("cluster: %w", err)
+	has, err := raft.HasExistingState(n.store, n.store, snaps)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	switch {
+	case cfg.Bootstrap && !has:
+		conf := raft.Configuration{Servers: []raft.Server{{Suffrage: raft.Voter, ID: rc.LocalID, Address: n.transport.LocalAddr()}}}
+		if err := raft.BootstrapCluster(rc, n.store, n.store, snaps, n.transport, conf); err != nil {
+			return nil, fmt.Errorf("cluster: bootstrap: %w", err)
 		}
-		if !has {
-			conf := raft.Configuration{Servers: []raft.Server{{Suffrage: raft.Voter, ID: rc.LocalID, Address: n.transport.LocalAddr()}}}
-			if err := raft.BootstrapCluster(rc, n.store, n.store, snaps, n.transport, conf); err != nil {
-				return nil, fmt.Errorf("cluster: bootstrap: %w", err)
-			}
-			cfg.Logger.Info("bootstrapped a new cluster", "raft", n.transport.LocalAddr())
+		cfg.Logger.Info("bootstrapped a new cluster", "raft", n.transport.LocalAddr())
+	case !has:
+		if err := markJoining(raftDir); err != nil {
+			return nil, err
 		}
+	}
+	if _, err := os.Stat(joiningIn(raftDir)); err == nil {
+		n.transport.joining.Store(true)
+		cfg.Logger.Info("joining: this server takes no part in elections until it has caught up")
 	}
 	logs, err := raft.NewLogCache(1024, &timedLogStore{LogStore: n.store, m: n.metrics})
 	if err != nil {
@@ -329,6 +336,9 @@ func Open(cfg Config) (_ *Node, err error) {
 	n.wg.Add(1)
 	go n.watchLeadership()
 	n.spawn(grants.run)
+	if n.transport.joining.Load() {
+		n.spawn(n.watchJoining)
+	}
 	if cfg.Gossip != nil {
 		if n.gossip, err = startGossip(n, *cfg.Gossip); err != nil {
 			_ = n.stop()
@@ -439,6 +449,7 @@ type Status struct {
 	AppliedIndex  uint64 `json:"applied_index"`
 	LastContactMs int64  `json:"last_contact_ms"` // since the leader was last heard; 0 on the leader, -1 if never heard
 	BackendHash   string `json:"backend_hash,omitempty"`
+	Joining       bool   `json:"joining,omitempty"` // catching up after joining: takes no part in elections yet
 }
 
 // Status reports this node's Raft state.
@@ -447,7 +458,7 @@ func (n *Node) Status() Status {
 	st := Status{NodeID: n.cfg.NodeID, RaftAddr: n.RaftAddr(), State: n.raft.State().String(), Leader: string(id),
 		LeaderAddr: string(addr), Term: n.raft.CurrentTerm(), LastIndex: n.raft.LastIndex(),
 		LastLogTerm: parseUint(n.raft.Stats()["last_log_term"]), CommitIndex: n.raft.CommitIndex(),
-		AppliedIndex: n.fsm.Applied(), BackendHash: n.fsm.BackendHash()}
+		AppliedIndex: n.fsm.Applied(), BackendHash: n.fsm.BackendHash(), Joining: n.Joining()}
 	if !n.IsLeader() {
 		st.LastContactMs = -1
 		if lc := n.raft.LastContact(); !lc.IsZero() {

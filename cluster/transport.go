@@ -5,10 +5,12 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -36,9 +38,50 @@ func (TCP) Dial(ctx context.Context, addr string) (net.Conn, error) {
 
 // Every internal connection starts with one byte saying what it carries.
 const (
+	// protoRaft is Raft from a node that does not name its island (a
+	// build from before the island check, during a rolling upgrade).
 	protoRaft byte = 'R'
-	protoRPC  byte = 'C'
+	// protoRaftIsland is Raft after both ends named their island (see
+	// writeIsland).
+	protoRaftIsland byte = 'I'
+	protoRPC        byte = 'C'
 )
+
+// ErrOtherIsland is the refusal of a Raft connection between servers of
+// two islands: one end's state, Raft log included, belongs to another
+// cluster (a data directory copied or restored from elsewhere onto a
+// server of this one). Raft between them would let the one overwrite the
+// other's committed entries.
+var ErrOtherIsland = errors.New("cluster: the server belongs to another island")
+
+// writeIsland says what each end of a Raft connection says after its
+// protocol byte: the dialler first, then the listener, each its island's
+// backend hash as one length byte and the hash ("" before the island's
+// first leader named it). Either end closes the connection when both
+// named an island and the islands differ, before raft reads a byte.
+func writeIsland(c net.Conn, hash string) error {
+	if len(hash) > 255 {
+		return fmt.Errorf("cluster: backend hash of %d bytes", len(hash))
+	}
+	_, err := c.Write(append([]byte{byte(len(hash))}, hash...))
+	return err
+}
+
+func readIsland(c net.Conn) (string, error) {
+	var n [1]byte
+	if _, err := io.ReadFull(c, n[:]); err != nil {
+		return "", err
+	}
+	b := make([]byte, n[0])
+	if _, err := io.ReadFull(c, b); err != nil {
+		return "", err
+	}
+	return string(b), nil
+}
+
+// sameIsland tells whether two servers' islands may share Raft: a server
+// whose island has no name yet belongs to none.
+func sameIsland(a, b string) bool { return a == "" || b == "" || a == b }
 
 // mux splits the cluster port between Raft and the RPC server.
 type mux struct {
@@ -52,11 +95,15 @@ type mux struct {
 
 	mu    sync.Mutex
 	conns map[*trackedConn]struct{} // accepted connections, closed on shutdown
+
+	island   func() string // this node's backend hash
+	refused  warnEvery     // Raft connections from other islands
+	refusals atomic.Int64  // how many were refused
 }
 
-func newMux(ln net.Listener, rpc func(net.Conn), log *slog.Logger) *mux {
+func newMux(ln net.Listener, rpc func(net.Conn), island func() string, log *slog.Logger) *mux {
 	m := &mux{ln: ln, raftCh: make(chan net.Conn), rpc: rpc, log: log, done: make(chan struct{}),
-		conns: map[*trackedConn]struct{}{}}
+		conns: map[*trackedConn]struct{}{}, island: island, refused: warnEvery{every: 10 * time.Second}}
 	m.wg.Add(1)
 	go m.accept()
 	return m
@@ -92,9 +139,13 @@ func (m *mux) route(c net.Conn) {
 		c.Close()
 		return
 	}
+	if b[0] == protoRaftIsland && !m.admitIsland(c) {
+		c.Close()
+		return
+	}
 	_ = c.SetReadDeadline(time.Time{})
 	switch b[0] {
-	case protoRaft:
+	case protoRaft, protoRaftIsland:
 		tc, ok := m.track(c, true)
 		if !ok {
 			return
@@ -115,6 +166,49 @@ func (m *mux) route(c net.Conn) {
 		m.log.Warn("unknown protocol on the cluster port", "remote", c.RemoteAddr().String(), "byte", b[0])
 		c.Close()
 	}
+}
+
+// admitIsland hears the dialler's island and answers with this node's;
+// it admits the connection when both may share Raft, and otherwise tells
+// the operator (every 10 seconds at most) which server was refused.
+func (m *mux) admitIsland(c net.Conn) bool {
+	theirs, err := readIsland(c)
+	if err != nil {
+		return false
+	}
+	ours := m.island()
+	_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	if err := writeIsland(c, ours); err != nil {
+		return false
+	}
+	_ = c.SetWriteDeadline(time.Time{})
+	if sameIsland(ours, theirs) {
+		return true
+	}
+	m.refusals.Add(1)
+	if m.refused.due() {
+		m.log.Error("refused Raft from a server of another island: its data directory belongs to another cluster; "+
+			"stop it, and empty its data directory if it is to join this island",
+			"remote", c.RemoteAddr().String(), "its_backend", theirs, "backend", ours)
+	}
+	return false
+}
+
+// warnEvery lets a repeated complaint through once per period.
+type warnEvery struct {
+	every time.Duration
+	mu    sync.Mutex
+	last  time.Time
+}
+
+func (w *warnEvery) due() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if now := time.Now(); now.Sub(w.last) >= w.every {
+		w.last = now
+		return true
+	}
+	return false
 }
 
 // track remembers an accepted connection until it is closed, so that
@@ -188,7 +282,15 @@ type streamLayer struct {
 	m         *mux
 	network   Network
 	advertise net.Addr
+
+	mu     sync.Mutex
+	legacy map[string]time.Time // addresses that did not answer with an island, and when
 }
+
+// legacyFor is how long a server that did not answer with an island is
+// dialled as an older build before it is asked again (it may have been
+// upgraded since).
+const legacyFor = time.Minute
 
 var _ raft.StreamLayer = (*streamLayer)(nil)
 
@@ -206,8 +308,48 @@ func (s *streamLayer) Close() error { return nil }
 
 func (s *streamLayer) Addr() net.Addr { return s.advertise }
 
+// Dial connects raft to addr after both ends named their island (see
+// writeIsland); it fails with ErrOtherIsland when they differ. A server
+// that closes the connection without naming one runs a build from before
+// the check: it is dialled as it expects for a while (legacyFor).
 func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	return dialProto(context.Background(), s.network, string(addr), timeout, protoRaft)
+	s.mu.Lock()
+	legacy := time.Since(s.legacy[string(addr)]) < legacyFor
+	s.mu.Unlock()
+	if legacy {
+		return dialProto(context.Background(), s.network, string(addr), timeout, protoRaft)
+	}
+	c, err := dialProto(context.Background(), s.network, string(addr), timeout, protoRaftIsland)
+	if err != nil {
+		return nil, err
+	}
+	ours := s.m.island()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	if err := writeIsland(c, ours); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("cluster: dial %s: %w", addr, err)
+	}
+	theirs, err := readIsland(c)
+	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
+		c.Close()
+		s.mu.Lock()
+		if s.legacy == nil {
+			s.legacy = map[string]time.Time{}
+		}
+		s.legacy[string(addr)] = time.Now()
+		s.mu.Unlock()
+		return dialProto(context.Background(), s.network, string(addr), timeout, protoRaft)
+	}
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("cluster: dial %s: %w", addr, err)
+	}
+	_ = c.SetDeadline(time.Time{})
+	if !sameIsland(ours, theirs) {
+		c.Close()
+		return nil, fmt.Errorf("cluster: %s (backend %s, this island %s): %w", addr, theirs, ours, ErrOtherIsland)
+	}
+	return c, nil
 }
 
 // dialProto connects to addr within timeout (or until ctx ends) and says
@@ -335,10 +477,98 @@ func (t tlsNetwork) Dial(ctx context.Context, addr string) (net.Conn, error) {
 // again, and the leader cannot shut down. Without a pipeline raft sends
 // each follower one AppendEntries at a time, every one carrying all the
 // entries waiting (up to MaxAppendEntries).
+//
+// Votes pass another gate while the server catches up after joining (see
+// joining.go): it grants none and asks for none.
 type raftTransport struct {
 	*raft.NetworkTransport
 	mu   sync.RWMutex
 	shut bool
+
+	joining      atomic.Bool
+	commit       atomic.Pointer[leaderCommit] // the latest a leader sent, while joining
+	votesRefused atomic.Int64                 // vote requests refused while joining
+	consumer     chan raft.RPC
+	stop         chan struct{}
+	stopOnce     sync.Once
+	wg           sync.WaitGroup
+}
+
+// leaderCommit is the commit index a leader sent, and the leader's term.
+type leaderCommit struct{ term, index uint64 }
+
+func newRaftTransport(inner *raft.NetworkTransport) *raftTransport {
+	t := &raftTransport{NetworkTransport: inner, consumer: make(chan raft.RPC), stop: make(chan struct{})}
+	t.wg.Add(1)
+	go t.filter()
+	return t
+}
+
+// Consumer implements raft.Transport: the RPCs the gate lets through.
+func (t *raftTransport) Consumer() <-chan raft.RPC { return t.consumer }
+
+func (t *raftTransport) filter() {
+	defer t.wg.Done()
+	in := t.NetworkTransport.Consumer()
+	for {
+		select {
+		case rpc := <-in:
+			if t.refuse(rpc) {
+				continue
+			}
+			select {
+			case t.consumer <- rpc:
+			case <-t.stop:
+				rpc.Respond(nil, raft.ErrTransportShutdown)
+				return
+			}
+		case <-t.stop:
+			return
+		}
+	}
+}
+
+// refuse answers a vote request itself while the server is joining, and
+// notes the commit index leaders send meanwhile.
+func (t *raftTransport) refuse(rpc raft.RPC) bool {
+	if !t.joining.Load() {
+		return false
+	}
+	switch req := rpc.Command.(type) {
+	case *raft.AppendEntriesRequest:
+		if cur := t.commit.Load(); cur == nil || req.Term > cur.term || req.Term == cur.term && req.LeaderCommitIndex > cur.index {
+			t.commit.Store(&leaderCommit{term: req.Term, index: req.LeaderCommitIndex})
+		}
+	case *raft.RequestVoteRequest, *raft.RequestPreVoteRequest:
+		t.votesRefused.Add(1)
+		rpc.Respond(nil, errJoining)
+		return true
+	}
+	return false
+}
+
+// RequestVote implements raft.Transport: a joining server asks for no vote.
+func (t *raftTransport) RequestVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestVoteRequest, resp *raft.RequestVoteResponse) error {
+	if t.joining.Load() {
+		return errJoining
+	}
+	return t.NetworkTransport.RequestVote(id, target, args, resp)
+}
+
+// RequestPreVote implements raft.WithPreVote, as RequestVote.
+func (t *raftTransport) RequestPreVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestPreVoteRequest, resp *raft.RequestPreVoteResponse) error {
+	if t.joining.Load() {
+		return errJoining
+	}
+	return t.NetworkTransport.RequestPreVote(id, target, args, resp)
+}
+
+// Close implements raft.WithClose; it also ends the gate's goroutine.
+func (t *raftTransport) Close() error {
+	t.stopOnce.Do(func() { close(t.stop) })
+	err := t.NetworkTransport.Close()
+	t.wg.Wait()
+	return err
 }
 
 // SetHeartbeatHandler implements raft.Transport.

@@ -3,6 +3,7 @@ package cluster
 import (
 	"errors"
 	"io"
+	"net"
 	"testing"
 	"time"
 
@@ -16,7 +17,7 @@ func TestShutGateWaitsForHeartbeatsAndDropsLaterOnes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	recv := &raftTransport{NetworkTransport: inner}
+	recv := newRaftTransport(inner)
 	sender, err := raft.NewTCPTransport("127.0.0.1:0", nil, 2, 2*time.Second, io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -88,9 +89,55 @@ func TestTransportOffersNoPipeline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := &raftTransport{NetworkTransport: inner}
+	tr := newRaftTransport(inner)
 	defer tr.Close()
 	if _, err := tr.AppendEntriesPipeline("peer", "127.0.0.1:1"); !errors.Is(err, raft.ErrPipelineReplicationNotSupported) {
 		t.Fatalf("a pipeline was offered: %v", err)
+	}
+}
+
+// A server that closes a Raft connection naming an island (a build from
+// before the island check) is dialled as it expects.
+func TestRaftDialsAServerWithoutTheIslandCheckAsItExpects(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	seen := make(chan byte, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			var b [1]byte
+			if _, err := io.ReadFull(c, b[:]); err == nil {
+				seen <- b[0]
+			}
+			if b[0] != protoRaft {
+				c.Close() // as an older build does with a protocol it does not know
+			}
+		}
+	}()
+	s := &streamLayer{m: &mux{island: func() string { return "abc" }}, network: TCP{}}
+	for i := 0; i < 2; i++ {
+		c, err := s.Dial(raft.ServerAddress(ln.Addr().String()), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+	}
+	var got []byte
+	for len(got) < 3 {
+		select {
+		case b := <-seen:
+			got = append(got, b)
+		case <-time.After(10 * time.Second):
+			t.Fatalf("the server saw %q", got)
+		}
+	}
+	if string(got) != "IRR" {
+		t.Fatalf("the server saw %q, want an island hello, then Raft as before (remembered)", got)
 	}
 }

@@ -124,10 +124,12 @@ func writeMarker(path string, m marker) error {
 	if err := os.Rename(tmp, markerPath(path)); err != nil {
 		return err
 	}
-	return syncDir(filepath.Dir(path))
+	return SyncDir(filepath.Dir(path))
 }
 
-func syncDir(dir string) error {
+// SyncDir makes the entries of dir (files created, renamed or removed in
+// it) durable.
+func SyncDir(dir string) error {
 	d, err := os.Open(dir)
 	if err != nil {
 		return err
@@ -549,7 +551,7 @@ func (f *FSM) Restore(rc io.ReadCloser) error {
 	if err := os.Rename(tmp, f.path); err != nil {
 		return fmt.Errorf("fsm: restore rename: %w", err)
 	}
-	if err := syncDir(filepath.Dir(f.path)); err != nil {
+	if err := SyncDir(filepath.Dir(f.path)); err != nil {
 		return fmt.Errorf("fsm: restore: %w", err)
 	}
 	db, err := openDB(f.path, f.mmapSize)

@@ -143,6 +143,7 @@ type ClusterStatusResponse struct {
 	AppliedIndex   uint64 `json:"applied_index"`
 	LastContactMs  int64  `json:"last_contact_ms"`
 	BackendHash    string `json:"backend_hash,omitempty"`
+	Joining        bool   `json:"joining,omitempty"` // catching up after joining: takes no part in elections yet
 }
 
 // RaftStatus is a server's Raft progress as that server reports it.
@@ -153,6 +154,7 @@ type RaftStatus struct {
 	AppliedIndex  uint64 `json:"applied_index"`
 	CommitIndex   uint64 `json:"commit_index"`
 	LastIndex     uint64 `json:"last_index"`
+	Joining       bool   `json:"joining,omitempty"` // catching up after joining: takes no part in elections yet
 }
 
 // ClusterMember is one server of GET /v1/cluster/members: every server of

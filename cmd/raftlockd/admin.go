@@ -366,12 +366,23 @@ func membersTable(w io.Writer, m *wire.ClusterMembersResponse) {
 		state, term, applied, commit, contact := "-", "-", "-", "-", "-"
 		if r := s.Raft; r != nil {
 			state, term = r.State, strconv.FormatUint(r.Term, 10)
+			if r.Joining {
+				state += " (joining)"
+			}
 			applied, commit = strconv.FormatUint(r.AppliedIndex, 10), strconv.FormatUint(r.CommitIndex, 10)
 			contact = lastContact(r.State, r.LastContactMs)
 		}
 		fmt.Fprintf(w, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", s.ID, s.Suffrage, s.GossipStatus, state, term,
 			applied, commit, contact, dash(s.RaftAddr), dash(s.APIEndpoint), dash(s.Error))
 	}
+}
+
+// elections says whether a server takes part in elections.
+func elections(joining bool) string {
+	if joining {
+		return "not yet: catching up after joining"
+	}
+	return "takes part"
 }
 
 // lastContact shows how long ago a server last heard from its leader.
@@ -395,7 +406,7 @@ func statusTable(w io.Writer, st *wire.ClusterStatusResponse) {
 		{"node", st.NodeID}, {"raft address", st.RaftAddr}, {"state", st.State}, {"leader", leader},
 		{"term", strconv.FormatUint(st.Term, 10)}, {"last index", strconv.FormatUint(st.LastIndex, 10)},
 		{"commit index", strconv.FormatUint(st.CommitIndex, 10)}, {"applied index", strconv.FormatUint(st.AppliedIndex, 10)},
-		{"last contact", contact}, {"backend hash", dash(st.BackendHash)},
+		{"last contact", contact}, {"backend hash", dash(st.BackendHash)}, {"elections", elections(st.Joining)},
 	} {
 		fmt.Fprintf(w, "%s\t%s\n", kv[0], kv[1])
 	}

@@ -105,11 +105,11 @@ func TestCLIClusterCommands(t *testing.T) {
 	if err := json.Unmarshal([]byte(mustCLI(t, env, "", "cluster", "status", "--format", "json")), &st); err != nil {
 		t.Fatal(err)
 	}
-	if st.NodeID == "" || st.State != "Leader" || st.LeaderID != st.NodeID || st.LeaderEndpoint != srv.url {
+	if st.NodeID == "" || st.State != "Leader" || st.LeaderID != st.NodeID || st.LeaderEndpoint != srv.url || st.Joining {
 		t.Fatalf("cluster status: %+v", st)
 	}
 	table := mustCLI(t, env, "", "cluster", "status")
-	for _, want := range []string{"state", "Leader", st.NodeID + " (" + srv.url + ")"} {
+	for _, want := range []string{"state", "Leader", st.NodeID + " (" + srv.url + ")", "takes part"} {
 		if !strings.Contains(table, want) {
 			t.Fatalf("status table lacks %q:\n%s", want, table)
 		}

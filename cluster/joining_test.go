@@ -1,0 +1,93 @@
+package cluster
+
+import (
+	"os"
+	"testing"
+	"time"
+)
+
+// A voter whose data directory was emptied comes back under its id and
+// address. The write it acknowledged may now be held by one other server
+// only; while that server is down, the third (which missed the write)
+// must not be elected with the emptied server's vote, nor the emptied
+// server itself. Once the server holding the write is back, the cluster
+// leads again, keeps the write, and the emptied server votes again once
+// it has caught up.
+func TestAnEmptiedVoterVotesOnlyOnceItHasCaughtUp(t *testing.T) {
+	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+	nodes := startStaticAt(t, "boot-a", dirs, []string{"127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"})
+	reopen := func(i int) *Node {
+		t.Helper()
+		cfg := testConfig(dirs[i], "boot-a")
+		cfg.NodeID, cfg.Bootstrap, cfg.RaftBind = nodes[i].ID(), false, nodes[i].RaftAddr()
+		n, err := Open(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { n.Close() })
+		return n
+	}
+	index := func(n *Node) int {
+		for i := range nodes {
+			if nodes[i].ID() == n.ID() {
+				return i
+			}
+		}
+		t.Fatalf("no node %s", n.ID())
+		return -1
+	}
+
+	// The write lands on a majority that leaves one server out.
+	leader := leaderOf(t, nodes)
+	behind := followers(nodes, leader)[0]
+	if err := behind.Close(); err != nil {
+		t.Fatal(err)
+	}
+	keeper := leader
+	emptied := followers(followers(nodes, leader), behind)[0]
+	acquire(t, keeper, "acknowledged")
+	waitApplied(t, emptied, keeper.fsm.Applied())
+
+	// The other server of that majority loses its data directory and
+	// comes back empty; the one holding the write goes down.
+	if err := emptied.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(dirs[index(emptied)]); err != nil {
+		t.Fatal(err)
+	}
+	if err := keeper.Close(); err != nil {
+		t.Fatal(err)
+	}
+	emptiedAgain := reopen(index(emptied))
+	if !emptiedAgain.Joining() || !emptiedAgain.Status().Joining {
+		t.Fatal("a server started without Raft state is not joining")
+	}
+	behindAgain := reopen(index(behind))
+	waitFor(t, 15*time.Second, "the server that missed the write to ask the emptied one for its vote, twice", func() bool {
+		return emptiedAgain.transport.votesRefused.Load() >= 2 || behindAgain.IsLeader() || emptiedAgain.IsLeader()
+	})
+	if behindAgain.IsLeader() || emptiedAgain.IsLeader() {
+		t.Fatal("a server was elected without the acknowledged write")
+	}
+
+	keeperAgain := reopen(index(keeper))
+	back := []*Node{keeperAgain, behindAgain, emptiedAgain}
+	leader = leaderOf(t, back)
+	acquire(t, leader, "after")
+	for _, n := range back {
+		waitApplied(t, n, leader.fsm.Applied())
+		if !hasKey(t, n, "acknowledged") {
+			t.Fatalf("%s lost the acknowledged write", n.ID())
+		}
+	}
+	waitFor(t, 15*time.Second, "the emptied server to catch up and vote again", func() bool { return !emptiedAgain.Joining() })
+	if _, err := os.Stat(joiningIn(raftDirOf(dirs[index(emptied)]))); !os.IsNotExist(err) {
+		t.Fatalf("the joining mark outlived the catch-up: %v", err)
+	}
+	// It now takes part in elections: with it, a majority elects a leader.
+	if err := leader.Close(); err != nil {
+		t.Fatal(err)
+	}
+	leaderOf(t, followers(back, leader))
+}
