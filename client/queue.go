@@ -310,7 +310,8 @@ func readPart(p *multipart.Part) ([]byte, error) {
 // the server hands them out, until ctx ends or fn fails (its error is
 // returned). While the queue is empty the subscription waits on the server;
 // with req.WaitSeconds wire.BlockNoWait it returns nil once nothing is
-// ready. A stream that breaks off (its server crashed or restarted) is
+// ready (opening streams again while they deliver: a stream without
+// waiting also ends when its page of unfinished deliveries is full). A stream that breaks off (its server crashed or restarted) is
 // opened again. Every delivery is leased like a dequeued one: fn acks or
 // nacks it. A delivery that arrived when ctx ended, and so never reaches
 // fn, is handed back (Delivery.HandBack).
@@ -344,7 +345,7 @@ func (c *Client) subscribe(ctx context.Context, path string, req wire.DequeueReq
 		case err != nil:
 			return err
 		}
-		err = c.drain(ctx, dr, fn)
+		delivered, err := c.drain(ctx, dr, fn)
 		resp.Body.Close()
 		if cut(err) {
 			// The connection broke (the server crashed or restarted): the
@@ -354,7 +355,10 @@ func (c *Client) subscribe(ctx context.Context, path string, req wire.DequeueReq
 			}
 			continue
 		}
-		if err != nil || req.WaitSeconds == wire.BlockNoWait {
+		// Without waiting, a stream also ends once its page of unfinished
+		// deliveries is full: the next one may hold more. One that
+		// delivered nothing found nothing ready.
+		if err != nil || req.WaitSeconds == wire.BlockNoWait && delivered == 0 {
 			return err
 		}
 	}
@@ -384,23 +388,25 @@ func cut(err error) bool {
 	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
-func (c *Client) drain(ctx context.Context, dr *deliveryReader, fn func(*Delivery) error) error {
-	for {
+// drain hands a stream's deliveries to fn until the stream ends; it
+// reports how many fn was given.
+func (c *Client) drain(ctx context.Context, dr *deliveryReader, fn func(*Delivery) error) (int, error) {
+	for n := 0; ; n++ {
 		d, err := dr.next()
 		switch {
 		case err == io.EOF: //nolint:errorlint // next answers the closing boundary with the bare io.EOF
-			return nil
+			return n, nil
 		case ctx.Err() != nil:
 			if d != nil {
 				// Leased to this subscription, but fn will not see it.
 				_ = d.HandBack(ctx, ctx.Err())
 			}
-			return ctx.Err()
+			return n, ctx.Err()
 		case err != nil:
-			return &streamError{err}
+			return n, &streamError{err}
 		}
 		if err := fn(d); err != nil {
-			return err
+			return n + 1, err
 		}
 	}
 }
