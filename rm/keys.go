@@ -165,10 +165,9 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 	}, func(r *fsm.Result) bool { return r.Lease != nil })
 	switch {
 	case err != nil:
-		// Without a result the acquire may have been applied all the same
-		// (a forward cut short): a queued request nobody waits for must
-		// leave the queue. A refusal of the state machine queued nothing.
-		if res == nil && wait > 0 {
+		// The acquire may have been applied all the same: a queued request
+		// nobody waits for must leave the queue.
+		if wait > 0 && mayStandInLine(res, err) {
 			if res, cerr := k.withdraw(ctx, ns, key, req, attempt); cerr == nil && res.Lease != nil {
 				return res.Lease, nil
 			}
@@ -215,8 +214,11 @@ func proposeAndWait(ctx context.Context, s Store, wait time.Duration, events <-c
 	defer timer.Stop()
 	until := time.Now().Add(wait)
 	left := wait.Milliseconds()
-	for {
+	for first := true; ; first = false {
 		res, err := s.Propose(ctx, cmd(left))
+		if first && errors.Is(err, errcode.NoLeader) {
+			return nil, nil, nothingQueued{err}
+		}
 		if err != nil || settled(res) {
 			return res, nil, err
 		}
@@ -232,6 +234,22 @@ func proposeAndWait(ctx context.Context, s Store, wait time.Duration, events <-c
 		}
 		return nil, nil, nil
 	}
+}
+
+// nothingQueued is the failure of a request whose command never reached a
+// leader (none was elected in time): it stands in no queue, and there is
+// nothing to withdraw.
+type nothingQueued struct{ error }
+
+func (e nothingQueued) Unwrap() error { return e.error }
+
+// mayStandInLine tells whether a waiting request that failed with err may
+// have been queued all the same (a forward cut short), and so must be
+// withdrawn: not when it has a result (a refusal of the state machine
+// queued nothing) or never reached a leader.
+func mayStandInLine(res *fsm.Result, err error) bool {
+	var nq nothingQueued
+	return res == nil && !errors.As(err, &nq)
 }
 
 // withdraw takes the acquire attempt out of the key's queue, whatever

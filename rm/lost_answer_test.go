@@ -8,6 +8,7 @@ import (
 
 	"github.com/rs/xid"
 
+	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/fsm"
 )
 
@@ -17,6 +18,7 @@ type lostAnswerStore struct {
 	*fsmStore
 	lose     fsm.Op
 	proposed map[fsm.Op]int
+	noLeader bool // answer every command as a cluster without a leader does
 }
 
 func (s *lostAnswerStore) Propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, error) {
@@ -25,6 +27,9 @@ func (s *lostAnswerStore) Propose(ctx context.Context, cmd *fsm.Command) (*fsm.R
 		s.proposed = map[fsm.Op]int{}
 	}
 	s.proposed[op]++
+	if s.noLeader {
+		return nil, errcode.NoLeader.With("no leader elected within 1s")
+	}
 	res, err := s.fsmStore.Propose(ctx, cmd)
 	if op == s.lose {
 		s.lose = ""
@@ -99,6 +104,27 @@ func TestFailedWaitingDequeueLeavesTheQueue(t *testing.T) {
 	_ = base.f.View(func(v *fsm.View) error { s = v.QueueStats("default", "q"); return nil })
 	if s.Ready != 1 || s.InFlight != 0 || s.Waiting != 0 {
 		t.Fatalf("the message went to the abandoned dequeue: %+v", s)
+	}
+}
+
+// A waiting request whose command never reached a leader (none was
+// elected in time) stands in no line: it answers no_leader at once,
+// without waiting for a leader a second time to withdraw.
+func TestWaitingRequestsWithoutALeaderWithdrawNothing(t *testing.T) {
+	base := newFSMStore(t)
+	st := &lostAnswerStore{fsmStore: base, noLeader: true}
+	ctx := context.Background()
+	k := NewKeys(st, NewWaits(), storeClock{base}, Limits{DefaultTTL: 30 * time.Second, MaxTTL: time.Hour,
+		MaxBlock: time.Minute, MaxStateBytes: 1 << 20}, Server{ID: "n1"})
+	if _, err := k.Acquire(ctx, AcquireParams{Key: "k", Owner: "a", BlockSecs: 30}); !errors.Is(err, errcode.NoLeader) {
+		t.Fatalf("acquire without a leader: %v", err)
+	}
+	q := NewQueues(st, NewWaits(), storeClock{base}, QueueLimits{MaxWait: time.Minute}, Server{ID: "n1"}, nil)
+	if _, err := q.Dequeue(ctx, DequeueParams{Queue: "q", Owner: "c", WaitSeconds: 30}); !errors.Is(err, errcode.NoLeader) {
+		t.Fatalf("dequeue without a leader: %v", err)
+	}
+	if st.proposed[fsm.OpAcquire] != 1 || st.proposed[fsm.OpDequeue] != 1 || st.proposed[fsm.OpCancelWait] != 0 {
+		t.Fatalf("proposed %v, want one acquire, one dequeue and no withdrawal", st.proposed)
 	}
 }
 

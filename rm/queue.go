@@ -302,10 +302,9 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 	}, func(r *fsm.Result) bool { return r.Queue.Message != nil })
 	switch {
 	case err != nil:
-		// Without a result the dequeue may have been applied all the same
-		// (a forward cut short): a waiting consumer nobody stands behind
-		// must leave. A refusal of the state machine queued nothing.
-		if res == nil && wait > 0 {
+		// The dequeue may have been applied all the same: a waiting
+		// consumer nobody stands behind must leave.
+		if wait > 0 && mayStandInLine(res, err) {
 			if res, cerr := q.withdraw(ctx, ns, queue, req); cerr == nil && res.Queue != nil && res.Queue.Message != nil {
 				return q.fetch(ctx, res.Queue.Message)
 			}
