@@ -131,11 +131,17 @@ func (n *Node) MemberStatuses(ctx context.Context) ([]MemberStatus, error) {
 		go func() {
 			defer wg.Done()
 			st, err := n.PeerStatus(ctx, m.RaftAddr)
-			if err != nil {
+			switch {
+			case err != nil:
 				m.Err = err
-				return
+			case st.NodeID != m.ID:
+				// Another process now listens there (the server moved, or
+				// one started on its address): its Raft state is not this
+				// server's.
+				m.Err = errcode.Unavailable.With("%s answers as %s", m.RaftAddr, st.NodeID)
+			default:
+				m.Status = &st
 			}
-			m.Status = &st
 		}()
 	}
 	wg.Wait()

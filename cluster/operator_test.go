@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -194,5 +195,41 @@ func TestRemovedServerStaysOutAfterALeaderChange(t *testing.T) {
 	}
 	if _, ok := voters(t, next)[victim.ID()]; ok {
 		t.Fatalf("%s added the removed server back while it runs", next.ID())
+	}
+}
+
+// A member's row shows the Raft state only of the server it names: a
+// process of another id now listening at its address is reported, not
+// shown as that member.
+func TestMemberRowsShowOnlyTheirOwnServersState(t *testing.T) {
+	nodes := startStatic(t, 3)
+	leader := leaderOf(t, nodes)
+	gone := followers(nodes, leader)[0]
+	addr := gone.RaftAddr()
+	if err := gone.Close(); err != nil {
+		t.Fatal(err)
+	}
+	cfg := testConfig(t.TempDir(), "boot-x")
+	cfg.NodeID, cfg.RaftBind, cfg.Bootstrap = "x", addr, false
+	x, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { x.Close() })
+
+	members, err := leader.MemberStatuses(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range members {
+		if m.ID != gone.ID() {
+			if m.Status == nil || m.Status.NodeID != m.ID {
+				t.Fatalf("row %s: %+v", m.ID, m)
+			}
+			continue
+		}
+		if m.Status != nil || m.Err == nil || !strings.Contains(m.Err.Error(), "answers as x") {
+			t.Fatalf("the row of %s shows another server: status %+v, error %v", m.ID, m.Status, m.Err)
+		}
 	}
 }
