@@ -107,8 +107,8 @@ type gossip struct {
 	mu      sync.Mutex
 	members map[string]*Member
 	missing map[string]time.Time // servers in the Raft configuration never seen alive, since when
-	removed map[string]bool      // servers taken out of the configuration: not added back until they rejoin
-	config  map[string]bool      // the servers of the Raft configuration when noteRemovals last looked
+	removed map[string]string    // servers taken out of the configuration, and the run taken out: not added back until they rejoin
+	config  map[string]string    // the servers of the Raft configuration when noteRemovals last looked, and their runs then
 
 	self         atomic.Pointer[memberMeta]
 	joined       atomic.Bool
@@ -129,7 +129,7 @@ type gossip struct {
 
 func startGossip(n *Node, cfg GossipConfig) (*gossip, error) {
 	cfg.defaults()
-	g := &gossip{n: n, cfg: cfg, members: map[string]*Member{}, missing: map[string]time.Time{}, removed: map[string]bool{},
+	g := &gossip{n: n, cfg: cfg, members: map[string]*Member{}, missing: map[string]time.Time{}, removed: map[string]string{},
 		done: make(chan struct{})}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.self.Store(&memberMeta{ID: n.cfg.NodeID, API: cfg.APIEndpoint, Raft: n.RaftAddr(), Expect: cfg.BootstrapExpect,
@@ -540,7 +540,7 @@ func (g *gossip) reconnectLoop(interval time.Duration) {
 		g.mu.Lock()
 		for _, s := range servers {
 			m := g.members[string(s.ID)]
-			if m != nil && m.Status == "dead" && !g.removed[m.ID] && string(s.ID) != g.n.cfg.NodeID {
+			if m != nil && m.Status == "dead" && !g.removedLocked(m.ID) && string(s.ID) != g.n.cfg.NodeID {
 				addrs = append(addrs, m.GossipAddr)
 			}
 		}
@@ -590,19 +590,41 @@ func (g *gossip) noteRemovalsIn(cf raft.ConfigurationFuture) {
 	if cf.Error() != nil || cf.Index() > g.n.raft.AppliedIndex() {
 		return
 	}
-	servers := cf.Configuration().Servers
-	cur := make(map[string]bool, len(servers))
-	for _, s := range servers {
-		cur[string(s.ID)] = true
-	}
+	g.noteConfig(cf.Configuration().Servers)
+}
+
+// noteConfig remembers as removed every server of the configuration seen
+// last that servers lacks, with the run it had then: a server that
+// restarted in between (gossip already announces its next run) counts as
+// rejoined, whichever this node heard of first.
+func (g *gossip) noteConfig(servers []raft.Server) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	for id := range g.config {
-		if !cur[id] {
-			g.removed[id] = true
+	cur := make(map[string]string, len(servers))
+	for _, s := range servers {
+		cur[string(s.ID)] = g.runLocked(string(s.ID))
+	}
+	for id, run := range g.config {
+		if _, ok := cur[id]; !ok {
+			g.removed[id] = run
 		}
 	}
 	g.config = cur
+}
+
+// runLocked is the run gossip announces for id ("" when it knows none).
+func (g *gossip) runLocked(id string) string {
+	if m := g.members[id]; m != nil {
+		return m.meta.Run
+	}
+	return ""
+}
+
+// removedLocked tells whether id was removed and has not rejoined since:
+// gossip has seen no other run of it than the one removed.
+func (g *gossip) removedLocked(id string) bool {
+	run, ok := g.removed[id]
+	return ok && (run == "" || run == g.runLocked(id))
 }
 
 // notePacking lets the leader pack commands into one entry
@@ -689,7 +711,7 @@ func (g *gossip) Members() []Member {
 // that goes away and joins again is added as usual.
 func (g *gossip) forget(id string) {
 	g.mu.Lock()
-	g.removed[id] = true
+	g.removed[id] = g.runLocked(id)
 	g.mu.Unlock()
 }
 
@@ -704,7 +726,7 @@ func (g *gossip) unforget(id string) {
 func (g *gossip) wasRemoved(id string) bool {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	return g.removed[id]
+	return g.removedLocked(id)
 }
 
 // addr is this node's gossip address.

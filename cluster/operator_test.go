@@ -2,11 +2,13 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/memberlist"
 	"github.com/hashicorp/raft"
 
 	"github.com/raftlockd/raftlockd/errcode"
@@ -168,7 +170,7 @@ func TestRemovedServerStaysOutAfterALeaderChange(t *testing.T) {
 	waitFor(t, 10*time.Second, "every node to have looked at the configuration", func() bool {
 		for _, n := range nodes {
 			n.gossip.mu.Lock()
-			seen := n.gossip.config[victim.ID()]
+			_, seen := n.gossip.config[victim.ID()]
 			n.gossip.mu.Unlock()
 			if !seen {
 				return false
@@ -231,5 +233,47 @@ func TestMemberRowsShowOnlyTheirOwnServersState(t *testing.T) {
 		if m.Status != nil || m.Err == nil || !strings.Contains(m.Err.Error(), "answers as x") {
 			t.Fatalf("the row of %s shows another server: status %+v, error %v", m.ID, m.Status, m.Err)
 		}
+	}
+}
+
+// A server removed and restarted before a node noticed the removal counts
+// as rejoined on that node too: its removal is of the run the
+// configuration held, and gossip already announces the next one.
+func TestARemovalNoticedAfterTheRestartDoesNotKeepTheServerOut(t *testing.T) {
+	g := &gossip{members: map[string]*Member{}, removed: map[string]string{}, pilot: &pilot{kickCh: make(chan struct{}, 1)}}
+	announce := func(id, run string) {
+		meta, err := json.Marshal(memberMeta{ID: id, Run: run})
+		if err != nil {
+			t.Fatal(err)
+		}
+		g.NotifyUpdate(&memberlist.Node{Name: id, Meta: meta})
+	}
+	servers := func(ids ...string) []raft.Server {
+		var out []raft.Server
+		for _, id := range ids {
+			out = append(out, raft.Server{ID: raft.ServerID(id)})
+		}
+		return out
+	}
+	announce("a", "a1")
+	announce("b", "b1")
+	announce("c", "c1")
+	g.noteConfig(servers("a", "b", "c"))
+
+	// b is removed while it runs: it stays out.
+	g.noteConfig(servers("a", "c"))
+	if !g.wasRemoved("b") {
+		t.Fatal("a server removed while it runs counts as rejoined")
+	}
+	// c is removed and restarts; this node hears of the restart first.
+	announce("c", "c2")
+	g.noteConfig(servers("a"))
+	if g.wasRemoved("c") {
+		t.Fatal("a server that restarted after its removal is kept out")
+	}
+	// b restarts: it rejoins.
+	announce("b", "b2")
+	if g.wasRemoved("b") {
+		t.Fatal("a removed server that restarted is kept out")
 	}
 }

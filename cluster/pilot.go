@@ -293,7 +293,7 @@ func (p *pilot) KnownServers() map[raft.ServerID]*autopilot.Server {
 		}
 	}
 	for id, m := range g.members {
-		if _, ok := out[raft.ServerID(id)]; !ok && m.Status == "alive" && !g.removed[id] {
+		if _, ok := out[raft.ServerID(id)]; !ok && m.Status == "alive" && !g.removedLocked(id) {
 			out[raft.ServerID(id)] = &autopilot.Server{ID: raft.ServerID(id), Name: id, Address: raft.ServerAddress(m.RaftAddr),
 				NodeStatus: autopilot.NodeAlive, NodeType: autopilot.NodeVoter, RaftVersion: raft.ProtocolVersionMax}
 		}
