@@ -1104,3 +1104,26 @@ func TestServerWarnsOfUnknownVariables(t *testing.T) {
 		t.Fatalf("warnings naming variables: %q, want one naming RAFTLOCKD_BOOTSTRAP_EXPECTED only", warned)
 	}
 }
+
+// Commands missing what they need say so before sending anything: no
+// server listens at the address given, so an answer naming the connection
+// would mean the request was sent.
+func TestCLIRefusesIncompleteCommandsBeforeSendingThem(t *testing.T) {
+	t.Parallel()
+	env := []string{"RAFTLOCKD_DATA_DIR=" + t.TempDir()}
+	down := "http://" + testutil.FreeAddr(t)
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"client", "release", "--server", down, "--key", "k"}, "no lease named"},
+		{[]string{"client", "keepalive", "--server", down, "--lease", "l"}, "no lease named"},
+		{[]string{"client", "queue", "ack", "--server", down, "--queue", "q", "--message-id", "m"}, "no delivery named"},
+		{[]string{"client", "queue", "nack", "--server", down, "--lease", "l"}, "no delivery named"},
+		{[]string{"client", "queue", "extend", "--server", down}, "no delivery named"},
+		{[]string{"client", "get", "--server", down, "--key", "k", "--timeout", "-1s"}, "--timeout -1s"},
+		{[]string{"client", "get", "--key", "k", "--bundle", "/nonexistent/b.pem"}, "--bundle /nonexistent/b.pem"},
+	} {
+		wantFailure(t, env, c.args, c.want)
+	}
+}

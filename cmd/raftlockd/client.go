@@ -51,6 +51,15 @@ func (l *leaseFlags) register(cmd *cobra.Command, withLease bool) {
 	cmd.Flags().StringVar(&l.txnID, "txn-id", "", "transaction id (from acquire)")
 }
 
+// require refuses a command that needs a lease when none is named.
+func (l *leaseFlags) require() error {
+	if l.key == "" || l.lease == "" {
+		return fmt.Errorf("no lease named: pass --key and --lease, or eval the output of `raftlockd client acquire`, "+
+			"which sets %sKEY and %sLEASE", clientEnv, clientEnv)
+	}
+	return nil
+}
+
 func (l *leaseFlags) ref(ns string) client.LeaseRef {
 	return client.LeaseRef{Namespace: ns, Key: l.key, LeaseID: l.lease, TxnID: l.txnID, FencingToken: l.fencing}
 }
@@ -250,6 +259,9 @@ func newKeepAliveCmd(opts *clientOpts) *cobra.Command {
 		Short: "Extend a held lease",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := l.require(); err != nil {
+				return err
+			}
 			c, ctx, cancel, err := opts.open(cmd)
 			defer cancel()
 			if err != nil {
@@ -406,6 +418,9 @@ a lease of it expired, so it can only roll back; txn_committed) exits
 non-zero with the error on stderr and prints the unset line all the same.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := l.require(); err != nil {
+				return err
+			}
 			c, ctx, cancel, err := opts.open(cmd)
 			defer cancel()
 			if err != nil {

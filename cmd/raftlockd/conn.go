@@ -86,7 +86,7 @@ func findBundle(path string, files ...string) (*auth.Bundle, error) {
 	}
 	b, err := auth.LoadBundle(path)
 	if err != nil {
-		return nil, fmt.Errorf("bundle: %w", err)
+		return nil, fmt.Errorf("--bundle %s: %w", path, err)
 	}
 	return b, nil
 }
@@ -142,6 +142,9 @@ func (c *conn) register(cmd *cobra.Command, file, which string) {
 
 // dial returns a client for cmd's server, presenting its bundle.
 func (c *conn) dial(cmd *cobra.Command, opts ...client.Option) (*client.Client, error) {
+	if c.timeout < 0 {
+		return nil, fmt.Errorf("--timeout %s: give a positive duration, or 0 for no limit", c.timeout)
+	}
 	file := bundleFile(cmd)
 	b, err := findBundle(c.bundle, file)
 	if err != nil {

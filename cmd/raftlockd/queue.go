@@ -78,6 +78,15 @@ func (d *deliveryFlags) register(cmd *cobra.Command) {
 	}
 }
 
+// require refuses a command that needs a delivery when none is named.
+func (d *deliveryFlags) require() error {
+	if d.queue == "" || d.id == "" || d.lease == "" {
+		return fmt.Errorf("no delivery named: pass --queue, --message-id and --lease, or eval the output of "+
+			"`raftlockd client queue dequeue`, which sets %sNAME, %sMESSAGE_ID and %sLEASE", queueEnv, queueEnv, queueEnv)
+	}
+	return nil
+}
+
 // end prints the unset line for the delivery variables and, when they
 // name the delivery d that ended, removes the temporary files dequeue wrote
 // for it (RAFTLOCKD_QUEUE_TEMP_FILES; never a --payload-file). A delivery
@@ -282,6 +291,9 @@ ack refused because that transaction can only roll back (txn_rolled_back)
 exits non-zero and prints the unset lines all the same.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := d.require(); err != nil {
+				return err
+			}
 			c, ctx, cancel, err := opts.open(cmd)
 			defer cancel()
 			if err != nil {
@@ -328,6 +340,9 @@ variables and, when the delivery was enlisted in the shell's transaction
 				}
 				req.LastError = json.RawMessage(lastError)
 			}
+			if err := d.require(); err != nil {
+				return err
+			}
 			c, ctx, cancel, err := opts.open(cmd)
 			defer cancel()
 			if err != nil {
@@ -360,6 +375,9 @@ func newExtendCmd(opts *clientOpts) *cobra.Command {
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			a := d.ack(opts.namespace)
+			if err := d.require(); err != nil {
+				return err
+			}
 			c, ctx, cancel, err := opts.open(cmd)
 			defer cancel()
 			if err != nil {
