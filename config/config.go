@@ -198,7 +198,11 @@ func (s *Server) Validate() error {
 		errs = append(errs, errors.New("data dir is required"))
 	}
 	for name, addr := range map[string]string{"listen": s.Listen, "raft-listen": s.RaftListen, "gossip-listen": s.GossipListen} {
-		if _, _, err := net.SplitHostPort(addr); err != nil {
+		_, port, err := net.SplitHostPort(addr)
+		if err == nil {
+			_, err = net.LookupPort("tcp", port)
+		}
+		if err != nil {
 			errs = append(errs, fmt.Errorf("%s %q: %w", name, addr, err))
 		}
 	}

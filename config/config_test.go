@@ -95,3 +95,20 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		}
 	}
 }
+
+// An address whose port cannot be bound is refused with its flag before
+// anything is written to the data directory.
+func TestListenAddressesNeedAPort(t *testing.T) {
+	for _, addr := range []string{"127.0.0.1:99999", "127.0.0.1:-1", "127.0.0.1:x y"} {
+		s := Default()
+		s.RaftListen = addr
+		if err := s.Validate(); err == nil || !strings.Contains(err.Error(), "raft-listen") {
+			t.Fatalf("raft-listen %q: %v", addr, err)
+		}
+	}
+	s := Default()
+	s.Listen = "127.0.0.1:0"
+	if err := s.Validate(); err != nil {
+		t.Fatalf("listen on any port: %v", err)
+	}
+}
