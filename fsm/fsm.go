@@ -208,6 +208,9 @@ func openDB(path string, mmapSize int) (*bolt.DB, error) {
 		FreelistType:    bolt.FreelistMapType,
 		InitialMmapSize: mmapSize,
 	})
+	if errors.Is(err, bolt.ErrTimeout) {
+		return nil, fmt.Errorf("fsm: open %s: another process holds it (is another raftlockd running on this data directory?): %w", path, err)
+	}
 	if err != nil {
 		return nil, fmt.Errorf("fsm: open %s: %w", path, err)
 	}

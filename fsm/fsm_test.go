@@ -1287,3 +1287,20 @@ func testSeed(t *testing.T) int64 {
 	t.Logf("seed %d (rerun with RAFTLOCKD_FSM_SEED=%d)", seed, seed)
 	return seed
 }
+
+// A state file another process (or another node in this one) holds is
+// refused with that reason, not a bare timeout.
+func TestOpenSaysAnotherProcessHoldsTheStateFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "state.db")
+	f, err := Open(path, Options{BootID: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if g, err := Open(path, Options{BootID: "b"}); err == nil {
+		g.Close()
+		t.Fatal("a held state file was opened twice")
+	} else if !strings.Contains(err.Error(), "another process holds it") {
+		t.Fatalf("opening a held state file: %v", err)
+	}
+}
