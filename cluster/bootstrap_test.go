@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -10,6 +11,7 @@ import (
 	"github.com/hashicorp/raft"
 
 	"github.com/raftlockd/raftlockd/fsm"
+	"github.com/raftlockd/raftlockd/internal/lockedbuf"
 )
 
 // openAll opens every configuration at once, as servers started together
@@ -347,5 +349,21 @@ func TestLastContactBeforeAnyLeader(t *testing.T) {
 	waitFor(t, 10*time.Second, "the follower to hear from the leader", func() bool { return follower.Status().LastContactMs >= 0 })
 	if st := leader.Status(); st.LastContactMs != 0 {
 		t.Fatalf("leader reports last contact %d ms, want 0", st.LastContactMs)
+	}
+}
+
+// Servers waiting for bootstraps of different sizes never bootstrap; each
+// tells the operator which servers expect another size.
+func TestServersExpectingAnotherSizeAreReported(t *testing.T) {
+	var logs lockedbuf.Buffer
+	first := gossipConfig(t, "n1", 2, nil)
+	first.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+	n1 := openNode(t, first)
+	n2 := openNode(t, gossipConfig(t, "n2", 3, []string{first.Gossip.Bind}))
+	waitFor(t, 10*time.Second, "n1 to report n2's size", func() bool {
+		return logs.Contains("bootstrap of another size") && logs.Contains("n2 (--bootstrap-expect 3)")
+	})
+	if n1.HasState() || n2.HasState() {
+		t.Fatal("servers expecting different sizes bootstrapped")
 	}
 }

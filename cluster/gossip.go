@@ -116,6 +116,7 @@ type gossip struct {
 	bootVoters   atomic.Int64 // voters of the configuration this node bootstrapped
 	tooMany      atomic.Int64 // servers seen waiting for the same bootstrap, when more than expected
 	tooManyLog   time.Time    // last time that was logged (bootstrapLoop only)
+	otherExpect  warnEvery    // servers waiting for a bootstrap of another size, logged at most this often
 
 	promiseMu sync.Mutex
 	promise   bootstrapPromise // the bootstrap configuration this server agreed to
@@ -130,7 +131,7 @@ type gossip struct {
 func startGossip(n *Node, cfg GossipConfig) (*gossip, error) {
 	cfg.defaults()
 	g := &gossip{n: n, cfg: cfg, members: map[string]*Member{}, missing: map[string]time.Time{}, removed: map[string]string{},
-		done: make(chan struct{})}
+		otherExpect: warnEvery{every: 10 * time.Second}, done: make(chan struct{})}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.self.Store(&memberMeta{ID: n.cfg.NodeID, API: cfg.APIEndpoint, Raft: n.RaftAddr(), Expect: cfg.BootstrapExpect,
 		State: n.HasState(), Backend: n.fsm.BackendHash(), Run: newBackendHash(), Format: fsm.EntryFormat})
@@ -331,6 +332,7 @@ func (g *gossip) bootstrapLoop() {
 				}
 			default:
 				g.tooMany.Store(0)
+				g.reportOtherExpect(expect)
 			}
 		}
 		// Two servers that each saw a different set start their attempts
@@ -358,6 +360,26 @@ func (g *gossip) reportTooMany(servers []raft.Server, expect int) {
 	g.n.cfg.Logger.Error(fmt.Sprintf("%d servers without Raft state wait for a bootstrap of %d (--bootstrap-expect %d); "+
 		"none will bootstrap until exactly %d do: start the extra servers with --bootstrap-expect 0, "+
 		"they join once the cluster exists", len(servers), expect, expect, expect), "servers", ids)
+}
+
+// reportOtherExpect tells the operator, every 10 seconds at most, about
+// servers without Raft state that wait for a bootstrap of another size:
+// with them, no bootstrap ever gathers the servers it expects.
+func (g *gossip) reportOtherExpect(expect int) {
+	var others []string
+	g.mu.Lock()
+	for _, m := range g.members {
+		if m.Status == "alive" && !m.meta.State && m.meta.Expect > 0 && m.meta.Expect != expect {
+			others = append(others, fmt.Sprintf("%s (--bootstrap-expect %d)", m.ID, m.meta.Expect))
+		}
+	}
+	g.mu.Unlock()
+	if len(others) == 0 || !g.otherExpect.due() {
+		return
+	}
+	slices.Sort(others)
+	g.n.cfg.Logger.Warn(fmt.Sprintf("servers without Raft state wait for a bootstrap of another size than this one's %d: "+
+		"start every founding server with the same --bootstrap-expect", expect), "servers", others)
 }
 
 // bootstrapPromiseTTL bounds how long a server stays promised to a

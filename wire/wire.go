@@ -165,7 +165,7 @@ type ClusterMember struct {
 	APIEndpoint  string      `json:"api_endpoint,omitempty"`
 	GossipStatus string      `json:"gossip_status"` // alive, dead or unknown
 	Suffrage     string      `json:"suffrage"`      // voter, nonvoter or none (not in the Raft configuration)
-	Leader       bool        `json:"leader,omitempty"`
+	Leader       bool        `json:"leader"`
 	Raft         *RaftStatus `json:"raft,omitempty"`  // absent when the server could not be asked
 	Error        string      `json:"error,omitempty"` // why the server could not be asked
 }
