@@ -60,6 +60,18 @@ func addSubcommands(parent *cobra.Command, subs ...*cobra.Command) {
 	}
 }
 
+// operatorTimeout bounds, by default, the membership commands (cluster,
+// tc): a server that accepts connections but never answers (a paused
+// process) does not hold an operator's shell for good.
+const operatorTimeout = time.Minute
+
+// limitByDefault makes d the default --timeout of cmd and its subcommands.
+func (o *adminOpts) limitByDefault(cmd *cobra.Command, d time.Duration) {
+	o.timeout = d
+	f := cmd.PersistentFlags().Lookup("timeout")
+	f.DefValue = d.String()
+}
+
 // output prints v as JSON, or with table when --format is table.
 func (o *adminOpts) output(w io.Writer, v any, table func(w *tabwriter.Writer)) error {
 	return render(w, o.format, v, table)
@@ -321,6 +333,7 @@ func newClusterCmd() *cobra.Command {
 	o := &adminOpts{}
 	cmd := &cobra.Command{Use: "cluster", Short: "Inspect and change the cluster's membership"}
 	addAdminFlags(cmd, o, true, auth.ServerFile, "")
+	o.limitByDefault(cmd, operatorTimeout)
 	addSubcommands(cmd, &cobra.Command{
 		Use:   "members",
 		Short: "List the servers with their suffrage, gossip status and Raft progress",
@@ -418,6 +431,7 @@ func newTCCmd() *cobra.Command {
 	cmd := &cobra.Command{Use: "tc", Short: "lockd-style transaction coordinator membership (leader, list, announce, leave), " +
 		"RM registry (rm) and trusted CAs (trust)"}
 	addAdminFlags(cmd, o, true, auth.TCClientFile, auth.TCClientFile+" (leader, list, rm list) or "+auth.ServerFile+" (the others)")
+	o.limitByDefault(cmd, operatorTimeout)
 	endpoints := func(w io.Writer, list []string) {
 		for _, e := range list {
 			fmt.Fprintln(w, e)

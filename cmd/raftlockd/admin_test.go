@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/raftlockd/raftlockd/internal/testutil"
 	"github.com/raftlockd/raftlockd/wire"
 )
@@ -291,5 +293,19 @@ func TestCLIRestoreCutOffBeforeTheAnswer(t *testing.T) {
 	res := cli(t, []string{"RAFTLOCKD_CLIENT_SERVER=http://" + ln.Addr().String()}, "", "snapshot", "restore", file)
 	if res.code == 0 || !strings.Contains(res.stderr, "may or may not have happened") || !strings.Contains(res.stderr, "64.0 KiB of 64.0 KiB") {
 		t.Fatalf("restore cut off before the answer: exit %d, stderr %q", res.code, res.stderr)
+	}
+}
+
+// Membership commands give up on a server that never answers (a paused
+// process) after a minute by default; a snapshot, which may take long,
+// has no limit unless one is given.
+func TestOperatorCommandsHaveAFiniteDefaultTimeout(t *testing.T) {
+	for _, c := range []struct {
+		cmd  *cobra.Command
+		want string
+	}{{newClusterCmd(), "1m0s"}, {newTCCmd(), "1m0s"}, {newSnapshotCmd(), "0s"}} {
+		if got := c.cmd.PersistentFlags().Lookup("timeout").DefValue; got != c.want {
+			t.Errorf("%s --timeout defaults to %s, want %s", c.cmd.Name(), got, c.want)
+		}
 	}
 }
