@@ -84,6 +84,7 @@ type memberMeta struct {
 	State   bool   `json:"state"`            // has Raft state: belongs to a cluster
 	Run     string `json:"run,omitempty"`    // random per process start: tells a restart from an update
 	Format  int    `json:"format,omitempty"` // newest Raft entry format the node applies (fsm.EntryFormat)
+	Island  bool   `json:"island,omitempty"` // names its island on Raft connections (writeIsland)
 }
 
 // Member is a server as gossip knows it.
@@ -134,7 +135,7 @@ func startGossip(n *Node, cfg GossipConfig) (*gossip, error) {
 		otherExpect: warnEvery{every: 10 * time.Second}, done: make(chan struct{})}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.self.Store(&memberMeta{ID: n.cfg.NodeID, API: cfg.APIEndpoint, Raft: n.RaftAddr(), Expect: cfg.BootstrapExpect,
-		State: n.HasState(), Backend: n.fsm.BackendHash(), Run: newBackendHash(), Format: fsm.EntryFormat})
+		State: n.HasState(), Backend: n.fsm.BackendHash(), Run: newBackendHash(), Format: fsm.EntryFormat, Island: true})
 
 	mc := memberlist.DefaultLANConfig()
 	mc.Name = n.cfg.NodeID
@@ -742,6 +743,19 @@ func (g *gossip) unforget(id string) {
 	g.mu.Lock()
 	delete(g.removed, id)
 	g.mu.Unlock()
+}
+
+// olderBuildAt tells whether an alive member announcing Raft address addr
+// runs a build from before the island check.
+func (g *gossip) olderBuildAt(addr string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, m := range g.members {
+		if m.RaftAddr == addr && m.Status == "alive" && !m.meta.Island {
+			return true
+		}
+	}
+	return false
 }
 
 // wasRemoved reports whether id was removed and has not rejoined since.

@@ -114,7 +114,8 @@ func TestGossipBootstrapsOneClusterAndManagesVoters(t *testing.T) {
 	waitFor(t, 5*time.Second, "metadata to spread", func() bool {
 		for _, n := range nodes {
 			for _, m := range n.Members() {
-				if m.Backend == "" || m.Backend != leader.fsm.BackendHash() || m.API != "https://"+m.ID {
+				if m.Backend == "" || m.Backend != leader.fsm.BackendHash() || m.API != "https://"+m.ID || !m.meta.Island ||
+					n.gossip.olderBuildAt(m.RaftAddr) {
 					return false
 				}
 			}

@@ -99,10 +99,12 @@ func (n *Node) watchJoining() {
 }
 
 // caughtUp tells whether the latest commit index a leader sent is applied
-// here and is an entry of that leader's term.
+// here and is an entry of that leader's term, the latest term this server
+// knows of (a deposed leader's commit index may miss what its successor
+// committed).
 func (n *Node) caughtUp() bool {
 	c := n.transport.commit.Load()
-	if c == nil || c.index == 0 || n.fsm.Applied() < c.index {
+	if c == nil || c.index == 0 || c.term != n.raft.CurrentTerm() || n.fsm.Applied() < c.index {
 		return false
 	}
 	return n.termAt(c.index) == c.term

@@ -257,7 +257,7 @@ func Open(cfg Config) (_ *Node, err error) {
 	closers = append(closers, closerFunc(func() error { n.peers.close(); return nil }))
 	addrs := &raftAddresses{}
 	n.transport = newRaftTransport(raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
-		Stream:                &streamLayer{m: n.mux, network: cfg.Network, advertise: advertise},
+		Stream:                &streamLayer{m: n.mux, network: cfg.Network, advertise: advertise, older: addrs.olderBuild},
 		ServerAddressProvider: addrs, MaxPool: 3, Timeout: 10 * time.Second, Logger: hl}))
 	closers = append(closers, n.transport)
 

@@ -10,7 +10,6 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -283,14 +282,10 @@ type streamLayer struct {
 	network   Network
 	advertise net.Addr
 
-	mu     sync.Mutex
-	legacy map[string]time.Time // addresses that did not answer with an island, and when
+	// older tells whether the server at a Raft address runs a build from
+	// before the island check (gossip says so); nil: none does.
+	older func(addr string) bool
 }
-
-// legacyFor is how long a server that did not answer with an island is
-// dialled as an older build before it is asked again (it may have been
-// upgraded since).
-const legacyFor = time.Minute
 
 var _ raft.StreamLayer = (*streamLayer)(nil)
 
@@ -310,13 +305,10 @@ func (s *streamLayer) Addr() net.Addr { return s.advertise }
 
 // Dial connects raft to addr after both ends named their island (see
 // writeIsland); it fails with ErrOtherIsland when they differ. A server
-// that closes the connection without naming one runs a build from before
-// the check: it is dialled as it expects for a while (legacyFor).
+// that gossip says runs a build from before the check is dialled as it
+// expects.
 func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
-	s.mu.Lock()
-	legacy := time.Since(s.legacy[string(addr)]) < legacyFor
-	s.mu.Unlock()
-	if legacy {
+	if s.older != nil && s.older(string(addr)) {
 		return dialProto(context.Background(), s.network, string(addr), timeout, protoRaft)
 	}
 	c, err := dialProto(context.Background(), s.network, string(addr), timeout, protoRaftIsland)
@@ -330,16 +322,6 @@ func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.
 		return nil, fmt.Errorf("cluster: dial %s: %w", addr, err)
 	}
 	theirs, err := readIsland(c)
-	if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
-		c.Close()
-		s.mu.Lock()
-		if s.legacy == nil {
-			s.legacy = map[string]time.Time{}
-		}
-		s.legacy[string(addr)] = time.Now()
-		s.mu.Unlock()
-		return dialProto(context.Background(), s.network, string(addr), timeout, protoRaft)
-	}
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("cluster: dial %s: %w", addr, err)
@@ -368,6 +350,13 @@ func dialProto(ctx context.Context, n Network, addr string, timeout time.Duratio
 	}
 	_ = c.SetWriteDeadline(time.Time{})
 	return c, nil
+}
+
+// olderBuild tells whether gossip announces the server at Raft address addr
+// as a build from before the island check (see writeIsland).
+func (a *raftAddresses) olderBuild(addr string) bool {
+	g := a.gossip.Load()
+	return g != nil && g.olderBuildAt(addr)
 }
 
 // raftAddresses tells raft where to dial a server: at the Raft address the
