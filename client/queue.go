@@ -311,8 +311,9 @@ func readPart(p *multipart.Part) ([]byte, error) {
 // returned). While the queue is empty the subscription waits on the server;
 // with req.WaitSeconds wire.BlockNoWait it returns nil once nothing is
 // ready (opening streams again while they deliver: a stream without
-// waiting also ends when its page of unfinished deliveries is full). A stream that breaks off (its server crashed or restarted) is
-// opened again. Every delivery is leased like a dequeued one: fn acks or
+// waiting also ends when its page of unfinished deliveries is full). A
+// stream that breaks off (its server crashed or restarted) is opened
+// again. Every delivery is leased like a dequeued one: fn acks or
 // nacks it. A delivery that arrived when ctx ended, and so never reaches
 // fn, is handed back (Delivery.HandBack).
 func (c *Client) Subscribe(ctx context.Context, req wire.DequeueRequest, fn func(*Delivery) error) error {

@@ -116,8 +116,8 @@ type gossip struct {
 	bootstrapped atomic.Bool  // this node started the cluster
 	bootVoters   atomic.Int64 // voters of the configuration this node bootstrapped
 	tooMany      atomic.Int64 // servers seen waiting for the same bootstrap, when more than expected
-	tooManyLog   time.Time    // last time that was logged (bootstrapLoop only)
-	otherExpect  warnEvery    // servers waiting for a bootstrap of another size, logged at most this often
+	tooManyLog   warnEvery    // paces that complaint
+	otherExpect  warnEvery    // paces the one about servers waiting for a bootstrap of another size
 
 	promiseMu sync.Mutex
 	promise   bootstrapPromise // the bootstrap configuration this server agreed to
@@ -132,7 +132,7 @@ type gossip struct {
 func startGossip(n *Node, cfg GossipConfig) (*gossip, error) {
 	cfg.defaults()
 	g := &gossip{n: n, cfg: cfg, members: map[string]*Member{}, missing: map[string]time.Time{}, removed: map[string]string{},
-		otherExpect: warnEvery{every: 10 * time.Second}, done: make(chan struct{})}
+		tooManyLog: warnEvery{every: 10 * time.Second}, otherExpect: warnEvery{every: 10 * time.Second}, done: make(chan struct{})}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.self.Store(&memberMeta{ID: n.cfg.NodeID, API: cfg.APIEndpoint, Raft: n.RaftAddr(), Expect: cfg.BootstrapExpect,
 		State: n.HasState(), Backend: n.fsm.BackendHash(), Run: newBackendHash(), Format: fsm.EntryFormat, Island: true})
@@ -350,10 +350,9 @@ func (g *gossip) bootstrapLoop() {
 // servers wait for this bootstrap than it expects.
 func (g *gossip) reportTooMany(servers []raft.Server, expect int) {
 	g.tooMany.Store(int64(len(servers)))
-	if time.Since(g.tooManyLog) < 10*time.Second {
+	if !g.tooManyLog.due() {
 		return
 	}
-	g.tooManyLog = time.Now()
 	ids := make([]string, len(servers))
 	for i, s := range servers {
 		ids[i] = string(s.ID)
