@@ -275,11 +275,18 @@ func (g *gossip) joinLoop() {
 		return
 	}
 	backoff := 100 * time.Millisecond
+	// Peers starting at the same time refuse the first attempts; failures
+	// that go on (a wrong --join, gossip key or CA) are told, every 30
+	// seconds at most.
+	start, complain := time.Now(), warnEvery{every: 30 * time.Second}
 	for {
 		if _, err := g.ml.Join(g.cfg.Join); err == nil {
 			g.joined.Store(true)
 			g.n.cfg.Logger.Info("joined the cluster's gossip", "via", g.cfg.Join)
 			return
+		} else if time.Since(start) > 10*time.Second && complain.due() {
+			g.n.cfg.Logger.Warn("gossip join keeps failing (check --join, and that every server has the same gossip key and CA); retrying",
+				"via", g.cfg.Join, "for", time.Since(start).Round(time.Second).String(), "error", err)
 		} else {
 			g.n.cfg.Logger.Debug("gossip join failed; retrying", "error", err)
 		}
