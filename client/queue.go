@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/xid"
@@ -35,6 +36,8 @@ type Delivery struct {
 	// State is the sidecar's committed document (DequeueWithState and
 	// SubscribeWithState); Exists is false when it has none.
 	State *Document
+
+	finished atomic.Bool // acked or nacked through Ack or Nack
 }
 
 // StateRef is the lease of the delivery's state sidecar, for Update and Get
@@ -53,6 +56,7 @@ func (d *Delivery) Ack(ctx context.Context) error {
 	m := d.Message
 	_, err := d.c.Ack(ctx, wire.AckRequest{Namespace: m.Namespace, Queue: m.Queue, MessageID: m.MessageID,
 		LeaseID: m.LeaseID, FencingToken: m.FencingToken, MetaETag: m.MetaETag})
+	d.finished.Store(err == nil)
 	return err
 }
 
@@ -60,9 +64,11 @@ func (d *Delivery) Ack(ctx context.Context) error {
 // against max_attempts) or wire.NackIntentDefer, visible again after delay.
 func (d *Delivery) Nack(ctx context.Context, intent string, delay time.Duration, lastError json.RawMessage) (*wire.NackResponse, error) {
 	m := d.Message
-	return d.c.Nack(ctx, wire.NackRequest{Namespace: m.Namespace, Queue: m.Queue, MessageID: m.MessageID,
+	out, err := d.c.Nack(ctx, wire.NackRequest{Namespace: m.Namespace, Queue: m.Queue, MessageID: m.MessageID,
 		LeaseID: m.LeaseID, FencingToken: m.FencingToken, MetaETag: m.MetaETag, Intent: intent,
 		DelaySeconds: seconds(delay), LastError: lastError})
+	d.finished.Store(err == nil)
+	return out, err
 }
 
 // Extend extends the delivery's lease (and its sidecar's) by by (0: the
@@ -310,10 +316,11 @@ func readPart(p *multipart.Part) ([]byte, error) {
 // the server hands them out, until ctx ends or fn fails (its error is
 // returned). While the queue is empty the subscription waits on the server;
 // with req.WaitSeconds wire.BlockNoWait it returns nil once nothing is
-// ready (opening streams again while they deliver: a stream without
-// waiting also ends when its page of unfinished deliveries is full). A
-// stream that breaks off (its server crashed or restarted) is opened
-// again. Every delivery is leased like a dequeued one: fn acks or
+// ready, or once a stream ended with deliveries fn left unfinished (a
+// stream without waiting also ends when its page of unfinished deliveries
+// is full; when fn acked or nacked each through Delivery.Ack or Nack,
+// another stream is opened). A stream that breaks off (its server crashed
+// or restarted) is opened again. Every delivery is leased like a dequeued one: fn acks or
 // nacks it. A delivery that arrived when ctx ended, and so never reaches
 // fn, is handed back (Delivery.HandBack).
 func (c *Client) Subscribe(ctx context.Context, req wire.DequeueRequest, fn func(*Delivery) error) error {
@@ -346,7 +353,7 @@ func (c *Client) subscribe(ctx context.Context, path string, req wire.DequeueReq
 		case err != nil:
 			return err
 		}
-		delivered, err := c.drain(ctx, dr, fn)
+		delivered, finished, err := c.drain(ctx, dr, fn)
 		resp.Body.Close()
 		if cut(err) {
 			// The connection broke (the server crashed or restarted): the
@@ -357,9 +364,9 @@ func (c *Client) subscribe(ctx context.Context, path string, req wire.DequeueReq
 			continue
 		}
 		// Without waiting, a stream also ends once its page of unfinished
-		// deliveries is full: the next one may hold more. One that
-		// delivered nothing found nothing ready.
-		if err != nil || req.WaitSeconds == wire.BlockNoWait && delivered == 0 {
+		// deliveries is full: when fn finished them, the next one may
+		// hold more. One that delivered nothing found nothing ready.
+		if err != nil || req.WaitSeconds == wire.BlockNoWait && (delivered == 0 || !finished) {
 			return err
 		}
 	}
@@ -390,24 +397,28 @@ func cut(err error) bool {
 }
 
 // drain hands a stream's deliveries to fn until the stream ends; it
-// reports how many fn was given.
-func (c *Client) drain(ctx context.Context, dr *deliveryReader, fn func(*Delivery) error) (int, error) {
-	for n := 0; ; n++ {
+// reports how many fn was given, and whether fn finished (acked or
+// nacked) every one of them.
+func (c *Client) drain(ctx context.Context, dr *deliveryReader, fn func(*Delivery) error) (n int, finished bool, err error) {
+	finished = true
+	for ; ; n++ {
 		d, err := dr.next()
 		switch {
 		case err == io.EOF: //nolint:errorlint // next answers the closing boundary with the bare io.EOF
-			return n, nil
+			return n, finished, nil
 		case ctx.Err() != nil:
 			if d != nil {
 				// Leased to this subscription, but fn will not see it.
 				_ = d.HandBack(ctx, ctx.Err())
 			}
-			return n, ctx.Err()
+			return n, finished, ctx.Err()
 		case err != nil:
-			return n, &streamError{err}
+			return n, finished, &streamError{err}
 		}
-		if err := fn(d); err != nil {
-			return n + 1, err
+		err = fn(d)
+		finished = finished && d.finished.Load()
+		if err != nil {
+			return n + 1, finished, err
 		}
 	}
 }
