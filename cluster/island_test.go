@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"context"
 	"strconv"
 	"testing"
 	"time"
@@ -22,13 +23,12 @@ func TestAServerOfAnotherIslandCannotTakeOver(t *testing.T) {
 	// Island B goes through a few terms, so that its log ends in a term
 	// island A has not reached.
 	for i := 0; i < 3; i++ {
-		leader := leaderOf(t, b)
-		acquire(t, leader, "b-only-"+strconv.Itoa(i))
-		if err := leader.raft.LeadershipTransfer().Error(); err != nil {
+		acquireWhileLeadersChange(t, b, "b-only-"+strconv.Itoa(i))
+		if err := leaderOf(t, b).raft.LeadershipTransfer().Error(); err != nil {
 			t.Fatal(err)
 		}
 	}
-	acquire(t, leaderOf(t, b), "b-only-last")
+	acquireWhileLeadersChange(t, b, "b-only-last")
 	last := leaderOf(t, b)
 	termB := last.raft.CurrentTerm()
 	for _, n := range b {
@@ -89,6 +89,23 @@ func TestAServerOfAnotherIslandCannotTakeOver(t *testing.T) {
 		if hasKey(t, n, "b-only-last") {
 			t.Fatalf("%s holds an entry of another island", n.ID())
 		}
+	}
+}
+
+// acquireWhileLeadersChange acquires key through the leader, asking again
+// while leadership moves.
+func acquireWhileLeadersChange(t *testing.T, nodes []*Node, key string) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		_, err := leaderOf(t, nodes).Propose(context.Background(), acquireCmd(key))
+		if err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("acquire %s: %v", key, err)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
 

@@ -73,8 +73,8 @@ func TestAnEmptiedVoterVotesOnlyOnceItHasCaughtUp(t *testing.T) {
 
 	keeperAgain := reopen(index(keeper))
 	back := []*Node{keeperAgain, behindAgain, emptiedAgain}
+	acquireWhileLeadersChange(t, back, "after")
 	leader = leaderOf(t, back)
-	acquire(t, leader, "after")
 	for _, n := range back {
 		waitApplied(t, n, leader.fsm.Applied())
 		if !hasKey(t, n, "acknowledged") {

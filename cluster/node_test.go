@@ -67,13 +67,18 @@ func open(t *testing.T, cfg Config) *Node {
 
 func acquire(t *testing.T, n *Node, key string) *fsm.LeaseInfo {
 	t.Helper()
-	res, err := n.Propose(context.Background(), &fsm.Command{Op: fsm.OpAcquire, Acquire: &fsm.AcquireCmd{
-		Namespace: "default", Key: key, Owner: "o", TxnID: "txn-" + key, LeaseID: "lease-" + key,
-		RequestID: "req-" + key, TTL: 60_000}})
+	res, err := n.Propose(context.Background(), acquireCmd(key))
 	if err != nil {
 		t.Fatal(err)
 	}
 	return res.Lease
+}
+
+// acquireCmd acquires key for a minute; proposed again, it is a retry.
+func acquireCmd(key string) *fsm.Command {
+	return &fsm.Command{Op: fsm.OpAcquire, Acquire: &fsm.AcquireCmd{
+		Namespace: "default", Key: key, Owner: "o", TxnID: "txn-" + key, LeaseID: "lease-" + key,
+		RequestID: "req-" + key, TTL: 60_000}}
 }
 
 func TestRestartResumesFromTheAppliedIndex(t *testing.T) {
