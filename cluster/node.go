@@ -255,10 +255,24 @@ func Open(cfg Config) (_ *Node, err error) {
 	closers = append(closers, closerFunc(func() error { n.mux.close(); return nil }))
 	n.peers = &peers{network: cfg.Network, clients: map[string]*rpc.Client{}}
 	closers = append(closers, closerFunc(func() error { n.peers.close(); return nil }))
+	has, err := raft.HasExistingState(n.store, n.store, snaps)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: %w", err)
+	}
+	if !has && !cfg.Bootstrap {
+		if err := markJoining(raftDir); err != nil {
+			return nil, err
+		}
+	}
+	_, err = os.Stat(joiningIn(raftDir))
+	joining := err == nil
+	if joining {
+		cfg.Logger.Info("joining: this server takes no part in elections until it has caught up")
+	}
 	addrs := &raftAddresses{}
 	n.transport = newRaftTransport(raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
 		Stream:                &streamLayer{m: n.mux, network: cfg.Network, advertise: advertise, older: addrs.olderBuild},
-		ServerAddressProvider: addrs, MaxPool: 3, Timeout: 10 * time.Second, Logger: hl}))
+		ServerAddressProvider: addrs, MaxPool: 3, Timeout: 10 * time.Second, Logger: hl}), joining)
 	closers = append(closers, n.transport)
 
 	rc := raft.DefaultConfig()
@@ -299,25 +313,12 @@ func Open(cfg Config) (_ *Node, err error) {
 	if err := raft.ValidateConfig(rc); err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
-	has, err := raft.HasExistingState(n.store, n.store, snaps)
-	if err != nil {
-		return nil, fmt.Errorf("cluster: %w", err)
-	}
-	switch {
-	case cfg.Bootstrap && !has:
+	if cfg.Bootstrap && !has {
 		conf := raft.Configuration{Servers: []raft.Server{{Suffrage: raft.Voter, ID: rc.LocalID, Address: n.transport.LocalAddr()}}}
 		if err := raft.BootstrapCluster(rc, n.store, n.store, snaps, n.transport, conf); err != nil {
 			return nil, fmt.Errorf("cluster: bootstrap: %w", err)
 		}
 		cfg.Logger.Info("bootstrapped a new cluster", "raft", n.transport.LocalAddr())
-	case !has:
-		if err := markJoining(raftDir); err != nil {
-			return nil, err
-		}
-	}
-	if _, err := os.Stat(joiningIn(raftDir)); err == nil {
-		n.transport.joining.Store(true)
-		cfg.Logger.Info("joining: this server takes no part in elections until it has caught up")
 	}
 	logs, err := raft.NewLogCache(1024, &timedLogStore{LogStore: n.store, m: n.metrics})
 	if err != nil {

@@ -486,15 +486,27 @@ type raftTransport struct {
 // leaderCommit is the commit index a leader sent, and the leader's term.
 type leaderCommit struct{ term, index uint64 }
 
-func newRaftTransport(inner *raft.NetworkTransport) *raftTransport {
-	t := &raftTransport{NetworkTransport: inner, consumer: make(chan raft.RPC), stop: make(chan struct{})}
-	t.wg.Add(1)
-	go t.filter()
+// newRaftTransport wraps inner. A server joining when it starts gets the
+// vote gate (a server only begins joining as it starts: see joining.go);
+// the others hand raft the RPCs inner reads, as they come.
+func newRaftTransport(inner *raft.NetworkTransport, joining bool) *raftTransport {
+	t := &raftTransport{NetworkTransport: inner, stop: make(chan struct{})}
+	if joining {
+		t.joining.Store(true)
+		t.consumer = make(chan raft.RPC)
+		t.wg.Add(1)
+		go t.filter()
+	}
 	return t
 }
 
 // Consumer implements raft.Transport: the RPCs the gate lets through.
-func (t *raftTransport) Consumer() <-chan raft.RPC { return t.consumer }
+func (t *raftTransport) Consumer() <-chan raft.RPC {
+	if t.consumer == nil {
+		return t.NetworkTransport.Consumer()
+	}
+	return t.consumer
+}
 
 func (t *raftTransport) filter() {
 	defer t.wg.Done()

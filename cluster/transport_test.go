@@ -17,7 +17,7 @@ func TestShutGateWaitsForHeartbeatsAndDropsLaterOnes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	recv := newRaftTransport(inner)
+	recv := newRaftTransport(inner, false)
 	sender, err := raft.NewTCPTransport("127.0.0.1:0", nil, 2, 2*time.Second, io.Discard)
 	if err != nil {
 		t.Fatal(err)
@@ -89,7 +89,7 @@ func TestTransportOffersNoPipeline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tr := newRaftTransport(inner)
+	tr := newRaftTransport(inner, false)
 	defer tr.Close()
 	if _, err := tr.AppendEntriesPipeline("peer", "127.0.0.1:1"); !errors.Is(err, raft.ErrPipelineReplicationNotSupported) {
 		t.Fatalf("a pipeline was offered: %v", err)
