@@ -37,9 +37,10 @@ const joiningFile = "joining"
 
 func joiningIn(raftDir string) string { return filepath.Join(raftDir, joiningFile) }
 
-// markJoining records, durably, that the server in raftDir is joining.
-func markJoining(raftDir string) error {
-	f, err := os.OpenFile(joiningIn(raftDir), os.O_CREATE|os.O_WRONLY, 0o600)
+// markFile creates the empty file name in dir, durably: a mark that
+// outlives a crash.
+func markFile(dir, name string) error {
+	f, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_WRONLY, 0o600)
 	if err != nil {
 		return fmt.Errorf("cluster: %w", err)
 	}
@@ -50,7 +51,10 @@ func markJoining(raftDir string) error {
 	if err := f.Close(); err != nil {
 		return fmt.Errorf("cluster: %w", err)
 	}
-	return fsm.SyncDir(raftDir)
+	if err := fsm.SyncDir(dir); err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	}
+	return nil
 }
 
 // Joining reports whether this server is catching up after joining: it

@@ -95,10 +95,29 @@ func (i *instrumentedFSM) ApplyBatch(logs []*raft.Log) []interface{} {
 
 var _ raft.BatchingFSM = (*instrumentedFSM)(nil)
 
-// timedLogStore times appends to the Raft log.
+// timedLogStore times appends to the Raft log, and tells dropsApplied
+// when raft cuts off a suffix of the log holding entries already applied.
 type timedLogStore struct {
 	raft.LogStore
-	m *nodeMetrics
+	m            *nodeMetrics
+	applied      func() uint64
+	dropsApplied func(min, max uint64)
+}
+
+// DeleteRange implements raft.LogStore. Raft deletes a prefix when it
+// compacts the log and a suffix when a leader's entries conflict with it;
+// a conflicting suffix that reaches down to an applied entry means the
+// cluster committed other entries in its place.
+func (t *timedLogStore) DeleteRange(min, max uint64) error {
+	last, err := t.LogStore.LastIndex()
+	if err != nil {
+		return err
+	}
+	err = t.LogStore.DeleteRange(min, max)
+	if err == nil && max >= last && min <= t.applied() {
+		t.dropsApplied(min, max)
+	}
+	return err
 }
 
 func (t *timedLogStore) StoreLogs(logs []*raft.Log) error {

@@ -210,6 +210,9 @@ func Open(cfg Config) (_ *Node, err error) {
 		}
 		cfg.Logger.Warn("removed the uploads of restores cut short", "files", len(leftover))
 	}
+	if err := n.resync(raftDir); err != nil {
+		return nil, err
+	}
 	// The freelist is rebuilt on open instead of being rewritten (and
 	// synced) on every append.
 	n.store, err = raftboltdb.New(raftboltdb.Options{Path: raftLogIn(raftDir),
@@ -260,7 +263,7 @@ func Open(cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	if !has && !cfg.Bootstrap {
-		if err := markJoining(raftDir); err != nil {
+		if err := markFile(raftDir, joiningFile); err != nil {
 			return nil, err
 		}
 	}
@@ -320,7 +323,7 @@ func Open(cfg Config) (_ *Node, err error) {
 		}
 		cfg.Logger.Info("bootstrapped a new cluster", "raft", n.transport.LocalAddr())
 	}
-	logs, err := raft.NewLogCache(1024, &timedLogStore{LogStore: n.store, m: n.metrics})
+	logs, err := raft.NewLogCache(1024, &timedLogStore{LogStore: n.store, m: n.metrics, applied: n.fsm.Applied, dropsApplied: n.dropsApplied})
 	if err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}

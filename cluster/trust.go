@@ -2,8 +2,12 @@ package cluster
 
 import (
 	"fmt"
+	"os"
+	"path/filepath"
 
 	"github.com/hashicorp/raft"
+
+	"github.com/raftlockd/raftlockd/fsm"
 )
 
 // checkTrust cross-checks a state file that survived a restart against the
@@ -75,4 +79,56 @@ func (n *Node) distrust(snaps raft.SnapshotStore) (string, error) {
 		}
 	}
 	return "", nil
+}
+
+// dropsApplied stops the node when raft cuts off log entries from min on
+// that it has applied: the cluster elected a leader without them, so they
+// were lost to it (a server's data directory was rolled back or replaced
+// from an older copy, and its vote counted for writes it had forgotten),
+// and this server's state and snapshots hold writes no other server has.
+// Serving them would diverge for good. The node marks its data directory
+// for a resync (see resync) and stops.
+func (n *Node) dropsApplied(min, max uint64) {
+	applied := n.fsm.Applied()
+	err := markFile(n.cfg.DataDir, resyncFile)
+	n.cfg.Logger.Error("the cluster's leader replaced log entries this server had applied: writes acknowledged "+
+		"before were lost to the cluster (was a data directory rolled back or restored from an older copy?); "+
+		"stopping: on restart this server drops its state and catches up from the cluster",
+		"dropped_from", min, "dropped_to", max, "applied", applied, "mark_error", err)
+	n.fsm.Halt(fmt.Errorf("cluster: the Raft log drops entries %d..%d, applied up to %d", min, max, applied))
+}
+
+// resyncFile, in a data directory, says that its state and Raft log hold
+// entries the cluster replaced (dropsApplied).
+const resyncFile = "resync"
+
+// resync empties the state and the Raft directory of a node marked for a
+// resync, once the state file is open (so no other process uses the
+// directory): the node then starts without Raft state, joining, and
+// catches up from the cluster's leader.
+func (n *Node) resync(raftDir string) error {
+	mark := filepath.Join(n.cfg.DataDir, resyncFile)
+	if _, err := os.Stat(mark); err != nil {
+		return nil
+	}
+	n.cfg.Logger.Warn("this server's state holds entries the cluster replaced; dropping it and its Raft log to catch up from the cluster")
+	if err := n.fsm.Reset(); err != nil {
+		return err
+	}
+	if err := os.RemoveAll(raftDir); err != nil {
+		return fmt.Errorf("cluster: resync: %w", err)
+	}
+	if err := os.MkdirAll(raftDir, 0o700); err != nil {
+		return fmt.Errorf("cluster: resync: %w", err)
+	}
+	if err := fsm.SyncDir(n.cfg.DataDir); err != nil {
+		return fmt.Errorf("cluster: resync: %w", err)
+	}
+	if err := os.Remove(mark); err != nil {
+		return fmt.Errorf("cluster: resync: %w", err)
+	}
+	if err := fsm.SyncDir(n.cfg.DataDir); err != nil {
+		return fmt.Errorf("cluster: resync: %w", err)
+	}
+	return nil
 }

@@ -38,8 +38,9 @@ import (
 type Options struct {
 	// Observers receive the events of every committed batch.
 	Observers []Observer
-	// Fatal is called when storage fails inside Apply. It must not return
-	// control to raft as if nothing happened; the default logs and exits.
+	// Fatal is called when storage fails inside Apply, or when the state
+	// no longer matches the Raft log (Halt). It must not return control to
+	// raft as if nothing happened; the default logs and exits.
 	Fatal func(error)
 	// BootID identifies the running operating system boot. Empty means
 	// "read /proc/sys/kernel/random/boot_id".
@@ -388,6 +389,10 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	}
 	return out
 }
+
+// Halt stops the node for err, a state the Raft log no longer backs, as a
+// storage failure inside Apply does (Options.Fatal).
+func (f *FSM) Halt(err error) { f.fatal(err) }
 
 // View runs fn on a consistent read-only view of the state.
 func (f *FSM) View(fn func(v *View) error) (err error) {
