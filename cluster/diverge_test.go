@@ -17,18 +17,6 @@ import (
 func TestAServerWhoseAppliedEntriesTheClusterReplacedResyncs(t *testing.T) {
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
 	nodes := startStaticAt(t, "boot-a", dirs, []string{"127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"})
-	reopen := func(i int, fatal func(error)) *Node {
-		t.Helper()
-		cfg := testConfig(dirs[i], "boot-a")
-		cfg.NodeID, cfg.Bootstrap, cfg.RaftBind = nodes[i].ID(), false, nodes[i].RaftAddr()
-		cfg.FSM.Fatal = fatal
-		n, err := Open(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { n.Close() })
-		return n
-	}
 	closeNode := func(n *Node) {
 		t.Helper()
 		if err := n.Close(); err != nil {
@@ -46,7 +34,7 @@ func TestAServerWhoseAppliedEntriesTheClusterReplacedResyncs(t *testing.T) {
 	if err := os.CopyFS(backup, os.DirFS(dirs[f2])); err != nil {
 		t.Fatal(err)
 	}
-	second := reopen(f2, nil)
+	second := reopen(t, dirs[f2], nodes[f2], nil)
 	waitApplied(t, second, leader.fsm.Applied())
 
 	// The write lands on the leader and f2 only.
@@ -68,7 +56,7 @@ func TestAServerWhoseAppliedEntriesTheClusterReplacedResyncs(t *testing.T) {
 	if err := os.CopyFS(dirs[f2], os.DirFS(backup)); err != nil {
 		t.Fatal(err)
 	}
-	rest := []*Node{reopen(f1, nil), reopen(f2, nil)}
+	rest := []*Node{reopen(t, dirs[f1], nodes[f1], nil), reopen(t, dirs[f2], nodes[f2], nil)}
 	acquireWhileLeadersChange(t, rest, "after")
 	if hasKey(t, rest[0], "acknowledged") {
 		t.Fatal("the scenario did not lose the write")
@@ -77,7 +65,7 @@ func TestAServerWhoseAppliedEntriesTheClusterReplacedResyncs(t *testing.T) {
 	// The server that applied it comes back: the leader's log replaces
 	// the entries it applied, and it stops.
 	halted := make(chan error, 1)
-	back := reopen(l, func(err error) {
+	back := reopen(t, dirs[l], nodes[l], func(err error) {
 		select {
 		case halted <- err:
 		default:
@@ -94,7 +82,7 @@ func TestAServerWhoseAppliedEntriesTheClusterReplacedResyncs(t *testing.T) {
 	closeNode(back)
 
 	// Restarted, it drops its state and catches up with the cluster.
-	again := reopen(l, nil)
+	again := reopen(t, dirs[l], nodes[l], nil)
 	all := append(rest, again)
 	acquireWhileLeadersChange(t, all, "last")
 	waitApplied(t, again, leaderOf(t, all).fsm.Applied())

@@ -62,13 +62,7 @@ func TestAServerOfAnotherIslandCannotTakeOver(t *testing.T) {
 		t.Fatalf("island B's log should end in a later term (%d) than island A's (%d)", termB, a[0].raft.CurrentTerm())
 	}
 
-	cfg := testConfig(dirsB[2], "boot-b")
-	cfg.NodeID, cfg.Bootstrap, cfg.RaftBind = "n3", false, addrs[2]
-	intruder, err := Open(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { intruder.Close() })
+	intruder := reopen(t, dirsB[2], a[2], nil)
 	// It campaigns (and answers the leader's heartbeats with its later
 	// term) until it gives up or is stopped.
 	waitFor(t, 15*time.Second, "the intruder to be refused three times by each server", func() bool {

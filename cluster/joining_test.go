@@ -16,26 +16,6 @@ import (
 func TestAnEmptiedVoterVotesOnlyOnceItHasCaughtUp(t *testing.T) {
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
 	nodes := startStaticAt(t, "boot-a", dirs, []string{"127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"})
-	reopen := func(i int) *Node {
-		t.Helper()
-		cfg := testConfig(dirs[i], "boot-a")
-		cfg.NodeID, cfg.Bootstrap, cfg.RaftBind = nodes[i].ID(), false, nodes[i].RaftAddr()
-		n, err := Open(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { n.Close() })
-		return n
-	}
-	index := func(n *Node) int {
-		for i := range nodes {
-			if nodes[i].ID() == n.ID() {
-				return i
-			}
-		}
-		t.Fatalf("no node %s", n.ID())
-		return -1
-	}
 
 	// The write lands on a majority that leaves one server out.
 	leader := leaderOf(t, nodes)
@@ -53,17 +33,17 @@ func TestAnEmptiedVoterVotesOnlyOnceItHasCaughtUp(t *testing.T) {
 	if err := emptied.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := os.RemoveAll(dirs[index(emptied)]); err != nil {
+	if err := os.RemoveAll(dirs[index(t, nodes, emptied)]); err != nil {
 		t.Fatal(err)
 	}
 	if err := keeper.Close(); err != nil {
 		t.Fatal(err)
 	}
-	emptiedAgain := reopen(index(emptied))
+	emptiedAgain := reopen(t, dirs[index(t, nodes, emptied)], emptied, nil)
 	if !emptiedAgain.Joining() || !emptiedAgain.Status().Joining {
 		t.Fatal("a server started without Raft state is not joining")
 	}
-	behindAgain := reopen(index(behind))
+	behindAgain := reopen(t, dirs[index(t, nodes, behind)], behind, nil)
 	waitFor(t, 15*time.Second, "the server that missed the write to ask the emptied one for its vote, twice", func() bool {
 		return emptiedAgain.transport.votesRefused.Load() >= 2 || behindAgain.IsLeader() || emptiedAgain.IsLeader()
 	})
@@ -71,7 +51,7 @@ func TestAnEmptiedVoterVotesOnlyOnceItHasCaughtUp(t *testing.T) {
 		t.Fatal("a server was elected without the acknowledged write")
 	}
 
-	keeperAgain := reopen(index(keeper))
+	keeperAgain := reopen(t, dirs[index(t, nodes, keeper)], keeper, nil)
 	back := []*Node{keeperAgain, behindAgain, emptiedAgain}
 	acquireWhileLeadersChange(t, back, "after")
 	leader = leaderOf(t, back)
@@ -82,7 +62,7 @@ func TestAnEmptiedVoterVotesOnlyOnceItHasCaughtUp(t *testing.T) {
 		}
 	}
 	waitFor(t, 15*time.Second, "the emptied server to catch up and vote again", func() bool { return !emptiedAgain.Joining() })
-	if _, err := os.Stat(joiningIn(raftDirOf(dirs[index(emptied)]))); !os.IsNotExist(err) {
+	if _, err := os.Stat(joiningIn(raftDirOf(dirs[index(t, nodes, emptied)]))); !os.IsNotExist(err) {
 		t.Fatalf("the joining mark outlived the catch-up: %v", err)
 	}
 	// It now takes part in elections: with it, a majority elects a leader.

@@ -45,6 +45,21 @@ func startStaticAt(t *testing.T, boot string, dirs, addrs []string) []*Node {
 	return nodes
 }
 
+// reopen starts, on dir, a server with like's id and Raft address (like
+// having stopped), whose state machine stops with fatal (nil: the
+// default).
+func reopen(t *testing.T, dir string, like *Node, fatal func(error)) *Node {
+	t.Helper()
+	cfg := testConfig(dir, "boot-a")
+	cfg.NodeID, cfg.Bootstrap, cfg.RaftBind, cfg.FSM.Fatal = like.ID(), false, like.RaftAddr(), fatal
+	n, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { n.Close() })
+	return n
+}
+
 // bootstrapAll makes nodes the voters of a new cluster, bootstrapped on
 // every one of them (each is a founder).
 func bootstrapAll(t *testing.T, nodes []*Node) {
