@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 )
@@ -71,6 +72,16 @@ func TestAServerOfAnotherIslandCannotTakeOver(t *testing.T) {
 
 	if intruder.IsLeader() {
 		t.Fatal("a server of another island was elected")
+	}
+	// The operator sees it in the island's member list.
+	members, err := stay[0].MemberStatuses(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range members {
+		if flagged := m.Err != nil && strings.Contains(m.Err.Error(), "another island"); flagged != (m.ID == "n3") {
+			t.Fatalf("member %s: status %+v, error %v", m.ID, m.Status, m.Err)
+		}
 	}
 	leader := leaderOf(t, stay)
 	acquire(t, leader, "a-2")

@@ -139,6 +139,9 @@ func (n *Node) MemberStatuses(ctx context.Context) ([]MemberStatus, error) {
 				// one started on its address): its Raft state is not this
 				// server's.
 				m.Err = errcode.Unavailable.With("%s answers as %s", m.RaftAddr, st.NodeID)
+			case !sameIsland(st.BackendHash, n.fsm.BackendHash()):
+				m.Err = errcode.Unavailable.With("%s belongs to another island (backend %s): its data directory "+
+					"was copied or restored from another cluster", m.ID, st.BackendHash)
 			default:
 				m.Status = &st
 			}

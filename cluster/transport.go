@@ -55,27 +55,35 @@ var ErrOtherIsland = errors.New("cluster: the server belongs to another island")
 
 // writeIsland says what each end of a Raft connection says after its
 // protocol byte: the dialler first, then the listener, each its island's
-// backend hash as one length byte and the hash ("" before the island's
-// first leader named it). Either end closes the connection when both
-// named an island and the islands differ, before raft reads a byte.
-func writeIsland(c net.Conn, hash string) error {
-	if len(hash) > 255 {
-		return fmt.Errorf("cluster: backend hash of %d bytes", len(hash))
+// backend hash ("" before the island's first leader named it) and its
+// node id, each as one length byte and the bytes. Either end closes the
+// connection when both named an island and the islands differ, before
+// raft reads a byte.
+func writeIsland(c net.Conn, hash, id string) error {
+	if len(hash) > 255 || len(id) > 255 {
+		return fmt.Errorf("cluster: backend hash or node id longer than 255 bytes")
 	}
-	_, err := c.Write(append([]byte{byte(len(hash))}, hash...))
+	b := append([]byte{byte(len(hash))}, hash...)
+	b = append(append(b, byte(len(id))), id...)
+	_, err := c.Write(b)
 	return err
 }
 
-func readIsland(c net.Conn) (string, error) {
-	var n [1]byte
-	if _, err := io.ReadFull(c, n[:]); err != nil {
-		return "", err
+// readIsland reads what writeIsland wrote: the island and the node id.
+func readIsland(c net.Conn) (hash, id string, err error) {
+	var parts [2]string
+	for i := range parts {
+		var n [1]byte
+		if _, err := io.ReadFull(c, n[:]); err != nil {
+			return "", "", err
+		}
+		b := make([]byte, n[0])
+		if _, err := io.ReadFull(c, b); err != nil {
+			return "", "", err
+		}
+		parts[i] = string(b)
 	}
-	b := make([]byte, n[0])
-	if _, err := io.ReadFull(c, b); err != nil {
-		return "", err
-	}
-	return string(b), nil
+	return parts[0], parts[1], nil
 }
 
 // sameIsland tells whether two servers' islands may share Raft: a server
@@ -96,13 +104,14 @@ type mux struct {
 	conns map[*trackedConn]struct{} // accepted connections, closed on shutdown
 
 	island   func() string // this node's backend hash
+	self     string        // this node's id
 	refused  warnEvery     // Raft connections from other islands
 	refusals atomic.Int64  // how many were refused
 }
 
-func newMux(ln net.Listener, rpc func(net.Conn), island func() string, log *slog.Logger) *mux {
+func newMux(ln net.Listener, rpc func(net.Conn), self string, island func() string, log *slog.Logger) *mux {
 	m := &mux{ln: ln, raftCh: make(chan net.Conn), rpc: rpc, log: log, done: make(chan struct{}),
-		conns: map[*trackedConn]struct{}{}, island: island, refused: warnEvery{every: 10 * time.Second}}
+		conns: map[*trackedConn]struct{}{}, self: self, island: island, refused: warnEvery{every: 10 * time.Second}}
 	m.wg.Add(1)
 	go m.accept()
 	return m
@@ -171,13 +180,13 @@ func (m *mux) route(c net.Conn) {
 // it admits the connection when both may share Raft, and otherwise tells
 // the operator (every 10 seconds at most) which server was refused.
 func (m *mux) admitIsland(c net.Conn) bool {
-	theirs, err := readIsland(c)
+	theirs, id, err := readIsland(c)
 	if err != nil {
 		return false
 	}
 	ours := m.island()
 	_ = c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-	if err := writeIsland(c, ours); err != nil {
+	if err := writeIsland(c, ours, m.self); err != nil {
 		return false
 	}
 	_ = c.SetWriteDeadline(time.Time{})
@@ -186,12 +195,17 @@ func (m *mux) admitIsland(c net.Conn) bool {
 	}
 	m.refusals.Add(1)
 	if m.refused.due() {
-		m.log.Error("refused Raft from a server of another island: its data directory belongs to another cluster; "+
-			"stop it, and empty its data directory if it is to join this island",
-			"remote", c.RemoteAddr().String(), "its_backend", theirs, "backend", ours)
+		m.log.Error(otherIsland, "server", id, "its_backend", theirs, "backend", ours, "remote", c.RemoteAddr().String())
 	}
 	return false
 }
+
+// otherIsland tells the operator about a server of another island. Both
+// ends say it: which of the two holds another cluster's data directory
+// (the one whose backend differs from its peers') is for the operator to
+// see.
+const otherIsland = "refused Raft with a server of another island: the data directory of one of the two " +
+	"was copied or restored from another cluster. Stop that server; to join this island it needs an empty data directory"
 
 // warnEvery lets a repeated complaint through once per period.
 type warnEvery struct {
@@ -317,11 +331,11 @@ func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.
 	}
 	ours := s.m.island()
 	_ = c.SetDeadline(time.Now().Add(timeout))
-	if err := writeIsland(c, ours); err != nil {
+	if err := writeIsland(c, ours, s.m.self); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("cluster: dial %s: %w", addr, err)
 	}
-	theirs, err := readIsland(c)
+	theirs, id, err := readIsland(c)
 	if err != nil {
 		c.Close()
 		return nil, fmt.Errorf("cluster: dial %s: %w", addr, err)
@@ -329,7 +343,7 @@ func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.
 	_ = c.SetDeadline(time.Time{})
 	if !sameIsland(ours, theirs) {
 		c.Close()
-		return nil, fmt.Errorf("cluster: %s (backend %s, this island %s): %w", addr, theirs, ours, ErrOtherIsland)
+		return nil, fmt.Errorf("cluster: %s at %s (backend %s, this island %s): %w", id, addr, theirs, ours, ErrOtherIsland)
 	}
 	return c, nil
 }

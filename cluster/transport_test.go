@@ -116,8 +116,8 @@ func TestRaftDialsAServerOfAnOlderBuildAsItExpects(t *testing.T) {
 				seen <- b[0]
 			}
 			if b[0] == protoRaftIsland {
-				if _, err := readIsland(c); err == nil {
-					_ = writeIsland(c, "abc")
+				if _, _, err := readIsland(c); err == nil {
+					_ = writeIsland(c, "abc", "peer")
 				}
 			}
 			c.Close()
