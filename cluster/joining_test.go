@@ -2,8 +2,11 @@ package cluster
 
 import (
 	"os"
+	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/raft"
 )
 
 // A voter whose data directory was emptied comes back under its id and
@@ -70,4 +73,72 @@ func TestAnEmptiedVoterVotesOnlyOnceItHasCaughtUp(t *testing.T) {
 		t.Fatal(err)
 	}
 	leaderOf(t, followers(back, leader))
+}
+
+// When a majority lost their data at once, nothing is elected from what
+// is left; the documented way on copies the survivor's Raft directory and
+// state file into the emptied data directories, and the cluster leads
+// again with every acknowledged write.
+func TestAClusterThatLostAMajorityGoesOnFromTheSurvivorsCopy(t *testing.T) {
+	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+	nodes := startStaticAt(t, "boot-a", dirs, []string{"127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"})
+	acquireWhileLeadersChange(t, nodes, "kept")
+	leader := leaderOf(t, nodes)
+	for _, n := range nodes {
+		waitApplied(t, n, leader.fsm.Applied())
+	}
+	for _, n := range nodes {
+		if err := n.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, i := range []int{1, 2} {
+		for _, name := range []string{"raft", "state.db"} {
+			if err := os.RemoveAll(filepath.Join(dirs[i], name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// Emptied, they would only join; the survivor alone is no majority.
+	var back []*Node
+	for i, n := range nodes {
+		back = append(back, reopen(t, dirs[i], n, nil))
+	}
+	waitFor(t, 15*time.Second, "the survivor to campaign", func() bool { return back[0].raft.State() == raft.Candidate })
+	if currentLeader(back) != nil {
+		t.Fatal("a leader was elected without a majority holding the data")
+	}
+	for _, n := range back {
+		if err := n.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, i := range []int{1, 2} {
+		for _, name := range []string{"raft", "state.db"} {
+			if err := os.RemoveAll(filepath.Join(dirs[i], name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if err := os.CopyFS(filepath.Join(dirs[i], "raft"), os.DirFS(filepath.Join(dirs[0], "raft"))); err != nil {
+			t.Fatal(err)
+		}
+		raw, err := os.ReadFile(filepath.Join(dirs[0], "state.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dirs[i], "state.db"), raw, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var again []*Node
+	for i, n := range nodes {
+		again = append(again, reopen(t, dirs[i], n, nil))
+	}
+	acquireWhileLeadersChange(t, again, "after")
+	for _, n := range again {
+		waitApplied(t, n, leaderOf(t, again).fsm.Applied())
+		if !hasKey(t, n, "kept") || n.Joining() {
+			t.Fatalf("%s after the copy: kept=%v joining=%v", n.ID(), hasKey(t, n, "kept"), n.Joining())
+		}
+	}
 }
