@@ -87,18 +87,22 @@ func TestAClusterThatLostAMajorityGoesOnFromTheSurvivorsCopy(t *testing.T) {
 	for _, n := range nodes {
 		waitApplied(t, n, leader.fsm.Applied())
 	}
-	for _, n := range nodes {
-		if err := n.Close(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	for _, i := range []int{1, 2} {
-		for _, name := range []string{"raft", "state.db"} {
-			if err := os.RemoveAll(filepath.Join(dirs[i], name)); err != nil {
+	lose := func(nodes []*Node) {
+		t.Helper()
+		for _, n := range nodes {
+			if err := n.Close(); err != nil {
 				t.Fatal(err)
 			}
 		}
+		for _, i := range []int{1, 2} {
+			for _, name := range []string{"raft", "state.db"} {
+				if err := os.RemoveAll(filepath.Join(dirs[i], name)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
 	}
+	lose(nodes)
 	// Emptied, they would only join; the survivor alone is no majority.
 	var back []*Node
 	for i, n := range nodes {
@@ -108,17 +112,8 @@ func TestAClusterThatLostAMajorityGoesOnFromTheSurvivorsCopy(t *testing.T) {
 	if currentLeader(back) != nil {
 		t.Fatal("a leader was elected without a majority holding the data")
 	}
-	for _, n := range back {
-		if err := n.Close(); err != nil {
-			t.Fatal(err)
-		}
-	}
+	lose(back)
 	for _, i := range []int{1, 2} {
-		for _, name := range []string{"raft", "state.db"} {
-			if err := os.RemoveAll(filepath.Join(dirs[i], name)); err != nil {
-				t.Fatal(err)
-			}
-		}
 		if err := os.CopyFS(filepath.Join(dirs[i], "raft"), os.DirFS(filepath.Join(dirs[0], "raft"))); err != nil {
 			t.Fatal(err)
 		}
