@@ -18,6 +18,7 @@ import (
 	"github.com/raftlockd/raftlockd/client"
 	"github.com/raftlockd/raftlockd/config"
 	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/fsm"
 	"github.com/raftlockd/raftlockd/internal/testutil"
 	"github.com/raftlockd/raftlockd/wire"
 	"github.com/rs/xid"
@@ -581,6 +582,56 @@ func TestQueueStatefulDequeue(t *testing.T) {
 	doc, err := c.GetPublic(ctx, "", ref.Key)
 	if err != nil || doc.Exists {
 		t.Fatalf("sidecar after ack: %+v %v", doc, err)
+	}
+}
+
+// A dead letter takes its state sidecar along: a stateful delivery from the
+// dead-letter queue sees what the failed consumer left, and its ack deletes
+// it. The server's leader adopts the rules that move it by itself.
+func TestQueueDeadLetterKeepsItsState(t *testing.T) {
+	e := newEnv(t)
+	c := e.client()
+	ctx := testCtx(t)
+	node := e.srv.Node()
+	deadline := time.Now().Add(10 * time.Second)
+	for node.FSM().Rules() < fsm.EntryFormat {
+		if time.Now().After(deadline) {
+			t.Fatalf("the server did not adopt entry format %d's rules (rules %d)", fsm.EntryFormat, node.FSM().Rules())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	enq, err := c.Enqueue(ctx, wire.EnqueueRequest{Queue: "flows", MaxAttempts: 1}, []byte("step"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := c.DequeueWithState(ctx, wire.DequeueRequest{Queue: "flows", Owner: "w", WaitSeconds: wire.BlockNoWait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, _ := d.StateRef()
+	if _, err := c.Update(ctx, ref, []byte(`{"step":1}`), client.Conditions{}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := d.Nack(ctx, wire.NackIntentFailure, 0, nil); err != nil || out.DeadLetterQueue != "flows"+wire.DeadLetterSuffix {
+		t.Fatalf("nack: %+v %v", out, err)
+	}
+	if doc, err := c.GetPublic(ctx, "", ref.Key); err != nil || doc.Exists {
+		t.Fatalf("the sidecar stayed in the failed queue: %+v %v", doc, err)
+	}
+	dead, err := c.DequeueWithState(ctx, wire.DequeueRequest{Queue: "flows.dlq", Owner: "w", WaitSeconds: wire.BlockNoWait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadRef, _ := dead.StateRef()
+	if dead.Message.MessageID != enq.MessageID || deadRef.Key != "q/flows.dlq/state/"+enq.MessageID ||
+		!dead.State.Exists || string(dead.State.Body) != `{"step":1}` {
+		t.Fatalf("the dead letter's state: %+v %+v", dead.Message, dead.State)
+	}
+	if err := dead.Ack(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if doc, err := c.GetPublic(ctx, "", deadRef.Key); err != nil || doc.Exists {
+		t.Fatalf("the dead letter's sidecar after its ack: %+v %v", doc, err)
 	}
 }
 

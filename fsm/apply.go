@@ -679,8 +679,11 @@ func (s *applyState) dueKeys(bucket []byte, cutoff int64, limit int) [][]byte {
 }
 
 func (s *applyState) sweep(c *SweepCmd) *Result {
-	if c.Limit <= 0 || c.TxnRetention < 0 {
-		return fail(errcode.MalformedCmd.With("sweep needs a positive limit"))
+	if c.Limit <= 0 || c.TxnRetention < 0 || c.Format < 0 || c.Format > EntryFormat {
+		return fail(errcode.MalformedCmd.With("sweep needs a positive limit and a known entry format"))
+	}
+	if c.Format > s.rules() {
+		s.put(bucketMeta, metaRules, putU64(uint64(c.Format)))
 	}
 	res := &SweepResult{}
 	// Every lease, waiter, participant and record touched costs one unit of

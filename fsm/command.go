@@ -67,16 +67,24 @@ const formatV4 = 4
 // apply (forget_keys); it is framed as formatV1.
 const formatV5 = 5
 
+// formatV6 is the first byte of a command only builds of entry format 6
+// apply: a sweep that raises the island's rules to format 6 (SweepCmd.Format),
+// from which on a message's state sidecar goes where the message goes. It
+// is framed as formatV1.
+const formatV6 = 6
+
 // EntryFormat is the newest entry format this build applies. Nodes announce
 // it; a leader packs commands, and a server proposes drop_waits, prune
 // passes that keep the tip and forget_keys, only when every server
 // announces it (gossip); an entry of a newer format stops the node (apply).
-const EntryFormat = formatV5
+const EntryFormat = formatV6
 
 // format is the first byte of c's encoding: the oldest entry format whose
 // builds apply c as this one does.
 func (c *Command) format() byte {
 	switch {
+	case c.Sweep != nil && c.Sweep.Format >= formatV6:
+		return formatV6
 	case c.ForgetKeys != nil:
 		return formatV5
 	case c.UTXOPrune != nil && c.UTXOPrune.KeepTip:
@@ -198,6 +206,10 @@ type ReleaseCmd struct {
 type SweepCmd struct {
 	Limit        int   `json:"limit"`
 	TxnRetention int64 `json:"txn_retention"` // milliseconds
+	// Format, when set, is an entry format every server applies: the
+	// island follows its rules from this sweep on (metaRules, never
+	// lowered). The leader sets it once every server announces it.
+	Format int `json:"format,omitempty"`
 }
 
 // NoopCmd changes nothing but the applied index. A new leader proposes one
@@ -290,7 +302,7 @@ func unpack(data []byte) ([][]byte, error) {
 // Decode parses an encoded command. It rejects anything Encode would not have
 // produced, with errcode.MalformedCmd, and never panics.
 func Decode(data []byte) (*Command, error) {
-	if len(data) < 2 || (data[0] != formatV1 && data[0] != formatV3 && data[0] != formatV4 && data[0] != formatV5) {
+	if len(data) < 2 || (data[0] != formatV1 && (data[0] < formatV3 || data[0] > EntryFormat)) {
 		return nil, errcode.MalformedCmd.With("unknown command format")
 	}
 	i := bytes.IndexByte(data, '\n')

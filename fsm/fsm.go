@@ -588,6 +588,16 @@ func (f *FSM) Close() error {
 	return writeMarker(f.path, marker{Clean: true, BootID: f.bootID})
 }
 
+// Rules is the newest entry format whose rules the island follows (raised
+// by a sweep once every server applies it, SweepCmd.Format).
+func (f *FSM) Rules() (format int) {
+	_ = f.View(func(v *View) error {
+		format = v.rules()
+		return nil
+	})
+	return format
+}
+
 // NextDeadline is View.NextDeadline on the latest applied state.
 func (f *FSM) NextDeadline(retention int64) (when int64, ok bool) {
 	_ = f.View(func(v *View) error {

@@ -147,7 +147,11 @@ func (g *gen) next() *Command {
 		}
 		return &Command{Op: OpQExtend, QExtend: &QueueExtendCmd{MessageRef: g.delivery(), By: g.rng.Int64N(2000)}}
 	default:
-		return &Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1 + g.rng.IntN(4), TxnRetention: g.rng.Int64N(3000)}}
+		c := &SweepCmd{Limit: 1 + g.rng.IntN(4), TxnRetention: g.rng.Int64N(3000)}
+		if g.rng.IntN(40) == 0 {
+			c.Format = EntryFormat // the island adopts this build's rules midway
+		}
+		return &Command{Op: OpSweep, Sweep: c}
 	}
 }
 

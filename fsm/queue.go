@@ -777,12 +777,55 @@ func (s *applyState) ack(ns, queue string, k []byte, m *Message) {
 			rec = s.keyRecord(sk)
 		}
 		if rec.State && (rec.Lease == nil || rec.Lease.ID == m.Lease.StateID) {
-			s.del(bucketDocs, sk)
-			rec.State, rec.ETag, rec.Size, rec.Version, rec.UpdatedAt = false, "", 0, rec.Version+1, s.now
-			s.putJSON(bucketKeys, sk, rec)
+			s.dropDoc(sk, &rec)
 		}
 	}
 	s.dropMessage(k, m)
+}
+
+// dropDoc deletes the committed document of key k, whose record is rec.
+func (s *applyState) dropDoc(k []byte, rec *KeyRecord) {
+	s.del(bucketDocs, k)
+	rec.State, rec.ETag, rec.Size, rec.Version, rec.UpdatedAt = false, "", 0, rec.Version+1, s.now
+	s.putJSON(bucketKeys, k, *rec)
+}
+
+// carrySidecar takes the state sidecar of message id of queue from along
+// when the message leaves from (from format 6 on, metaRules): its committed
+// document moves to the sidecar of id in queue to (the dead-letter queue),
+// or is deleted when to is "" (the message is gone). lease is the delivery
+// that just ended, if any: a hold of its own on the sidecar ends with it,
+// as its transaction decided. A sidecar that someone else holds (or a
+// transaction that another island's coordinator decides), or a dead-letter
+// sidecar that is held, stays where it is.
+func (s *applyState) carrySidecar(ns, from, to, id string, lease *MessageLease) {
+	if s.rules() < formatV6 {
+		return
+	}
+	sk := keyOf(ns, StateKey(from, id))
+	rec := s.keyRecord(sk)
+	if rec.Lease != nil && lease != nil && lease.State && rec.Lease.ID == lease.StateID {
+		if t := s.txn(rec.Lease.TxnID); t == nil || t.State != TxnPending {
+			keyResource{s: s, ns: ns, key: StateKey(from, id), k: sk}.finish(rec.Lease.TxnID, t != nil && t.State == TxnCommit)
+			rec = s.keyRecord(sk)
+		}
+	}
+	if rec.Lease != nil || !rec.State {
+		return
+	}
+	if to == "" {
+		s.dropDoc(sk, &rec)
+		return
+	}
+	tk := keyOf(ns, StateKey(to, id))
+	trec := s.keyRecord(tk)
+	if trec.Lease != nil {
+		return
+	}
+	s.put(bucketDocs, tk, bytes.Clone(s.b(bucketDocs).Get(sk)))
+	trec.State, trec.ETag, trec.Size, trec.Version, trec.UpdatedAt = true, rec.ETag, rec.Size, trec.Version+1, s.now
+	s.putJSON(bucketKeys, tk, trec)
+	s.dropDoc(sk, &rec)
 }
 
 // deliveryEnd records how a delivery ended, for retries of the ack or nack
@@ -906,12 +949,15 @@ func (s *applyState) requeue(ns, queue string, k []byte, m *Message, nacked, fai
 			// takes its place.
 			s.unsettle(ns, to, tk, old)
 			s.dropMessage(tk, old)
+			s.carrySidecar(ns, to, "", m.ID, nil)
 		}
 		m.Seq, m.VisibleAt, m.DeadFrom = s.nextSeq(), s.now, queue
 		s.put(bucketQBodies, tk, body)
+		s.carrySidecar(ns, queue, to, m.ID, lease)
 		end.DeadLetter = to
 	}
 	if !s.settle(ns, to, tk, m) {
+		s.carrySidecar(ns, to, "", m.ID, lease)
 		s.endDelivery(k, lease, deliveryEnd{Dropped: true, Nacked: nacked})
 		return &QueueResult{}
 	}
@@ -1029,9 +1075,10 @@ func (s *applyState) sweepQueues(budget int, retention int64, res *SweepResult) 
 			s.del(bucketQTTL, tk)
 			continue
 		}
-		ns, queue, _ := splitMsgKey(k)
+		ns, queue, id := splitMsgKey(k)
 		s.unsettle(ns, queue, k, m)
 		s.dropMessage(k, m)
+		s.carrySidecar(ns, queue, "", id, nil)
 		res.Forgotten++
 	}
 	for _, tk := range s.dueKeys(bucketQWaitExp, s.now, max(budget, 0)) {

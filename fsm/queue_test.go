@@ -892,3 +892,174 @@ func TestANackAfterTheLeaseRanOutIsRefused(t *testing.T) {
 	wantCode(t, h.one(nackCmd(ref(m))), errcode.QueueLeaseMismatch)
 	wantCode(t, h.one(ackCmd(ref(m))), errcode.QueueLeaseMismatch)
 }
+
+// A message's state sidecar lives as long as the message: moved to the
+// dead-letter queue with it (where a stateful delivery of the dead letter
+// finds what the failed consumers committed), deleted when its time to
+// live drops it.
+func TestTheSidecarGoesWhereTheMessageGoes(t *testing.T) {
+	// dies fails the delivery of m for the last time.
+	for name, dies := range map[string]func(h *harness, m *MessageInfo){
+		"nack": func(h *harness, m *MessageInfo) {
+			h.one(update(m.State, `{"step":1}`))
+			if r := h.one(&Command{Op: OpQNack, QNack: &QueueNackCmd{MessageRef: ref(m)}}); r.Err != nil || r.Queue.DeadLetter != "q.dlq" {
+				t.Fatalf("nack: %+v", r)
+			}
+		},
+		"expiry": func(h *harness, m *MessageInfo) {
+			h.now += 10_000
+			h.one(sweep())
+		},
+		"rollback of its transaction": func(h *harness, m *MessageInfo) {
+			h.one(update(m.State, `{"step":1}`))
+			if r := h.one(release(m.State, true)); r.Err != nil {
+				t.Fatal(r.Err)
+			}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			h := sidecarHarness(t, func(c *EnqueueCmd) { c.MaxAttempts = 1 })
+			c := statefulDeq("q", "r1", "sl-1", "st-1")
+			if name == "rollback of its transaction" {
+				c.Dequeue.TxnID, c.Dequeue.StateTxn = "t1", ""
+			}
+			dies(h, mustDeliver(t, h.one(c)))
+			if st := h.stats("q"); st.DeadReady != 1 {
+				t.Fatalf("the message did not die: %+v", st)
+			}
+			want := `{"step":1}`
+			if name != "nack" {
+				want = `{"step":0}` // what the failed delivery staged is dropped
+			}
+			if d := h.publicDoc(StateKey("q", "m1")); d.Exists {
+				t.Fatalf("the sidecar stayed behind in q: %q", d.Bytes)
+			}
+			if d := h.publicDoc(StateKey("q.dlq", "m1")); string(d.Bytes) != want {
+				t.Fatalf("the dead letter's sidecar: %q, want %s", d.Bytes, want)
+			}
+			dead := mustDeliver(t, h.one(statefulDeq("q.dlq", "d1", "sl-d1", "st-d1")))
+			if string(dead.StateDoc) != want {
+				t.Fatalf("a stateful delivery of the dead letter got %q, want %s", dead.StateDoc, want)
+			}
+			h.one(&Command{Op: OpQAck, QAck: &QueueAckCmd{MessageRef: ref(dead)}})
+			if d := h.publicDoc(StateKey("q.dlq", "m1")); d.Exists {
+				t.Fatalf("the ack of the dead letter left its sidecar: %q", d.Bytes)
+			}
+			if n := stagedCount(h); n != 0 {
+				t.Fatalf("%d staged writes left", n)
+			}
+		})
+	}
+
+	t.Run("a newer dead letter of the same id", func(t *testing.T) {
+		h := openHarness(t, t.TempDir())
+		h.one(adoptRules())
+		for i, doc := range []string{`{"round":0}`, ""} {
+			c := enq("q", "X", "b")
+			c.Enqueue.MaxAttempts = 1
+			h.one(c)
+			m := mustDeliver(t, h.one(statefulDeq("q", fmt.Sprintf("r%d", i), fmt.Sprintf("sl-%d", i), fmt.Sprintf("st-%d", i))))
+			if doc != "" {
+				h.one(update(m.State, doc))
+			}
+			h.one(&Command{Op: OpQNack, QNack: &QueueNackCmd{MessageRef: ref(m)}})
+		}
+		if d := h.publicDoc(StateKey("q.dlq", "X")); d.Exists {
+			t.Fatalf("the sidecar of the replaced dead letter outlived it: %q", d.Bytes)
+		}
+	})
+
+	t.Run("time to live", func(t *testing.T) {
+		h := sidecarHarness(t, func(c *EnqueueCmd) { c.TTL = 20_000 })
+		h.now += 20_000
+		h.one(sweep())
+		if st := h.stats("q"); st.Ready != 0 {
+			t.Fatalf("the message outlived its time to live: %+v", st)
+		}
+		if d := h.publicDoc(StateKey("q", "m1")); d.Exists {
+			t.Fatalf("the sidecar outlived its message: %q", d.Bytes)
+		}
+	})
+
+	t.Run("time to live during a delivery", func(t *testing.T) {
+		h := openHarness(t, t.TempDir())
+		h.one(adoptRules())
+		c := enq("q", "m1", "x")
+		c.Enqueue.TTL = 5_000
+		h.one(c)
+		m := mustDeliver(t, h.one(statefulDeq("q", "r0", "sl-0", "st-0")))
+		h.one(update(m.State, `{"step":0}`))
+		h.now += 5_000
+		if r := h.one(&Command{Op: OpQNack, QNack: &QueueNackCmd{MessageRef: ref(m)}}); r.Err != nil || r.Queue.Requeued {
+			t.Fatalf("nack past the time to live: %+v", r)
+		}
+		if d := h.publicDoc(StateKey("q", "m1")); d.Exists {
+			t.Fatalf("the sidecar outlived its message: %q", d.Bytes)
+		}
+		if n := stagedCount(h); n != 0 {
+			t.Fatalf("%d staged writes left", n)
+		}
+	})
+
+	t.Run("held by another", func(t *testing.T) {
+		// A sidecar someone else holds is theirs: it stays where it is.
+		h := sidecarHarness(t, func(c *EnqueueCmd) { c.MaxAttempts = 1 })
+		held := mustLease(t, h.one(acq(StateKey("q", "m1"), "tout", "o1", 60_000, 0)))
+		m := mustDeliver(t, h.one(deq("q", "r1", 0)))
+		h.one(&Command{Op: OpQNack, QNack: &QueueNackCmd{MessageRef: ref(m)}})
+		if d := h.publicDoc(StateKey("q", "m1")); string(d.Bytes) != `{"step":0}` {
+			t.Fatalf("a held sidecar moved: %q", d.Bytes)
+		}
+		var rec KeyRecord
+		_ = h.f.View(func(v *View) error { rec, _ = v.Key("default", StateKey("q", "m1")); return nil })
+		if rec.Lease == nil || rec.Lease.ID != held.LeaseID {
+			t.Fatalf("the holder lost the sidecar: %+v", rec.Lease)
+		}
+	})
+}
+
+// sidecarHarness is a harness that follows this build's rules, where
+// message m1 of queue q (enqueued as adjust says) has the committed sidecar
+// {"step":0}, left by a first stateful delivery that deferred it.
+func sidecarHarness(t *testing.T, adjust func(*EnqueueCmd)) *harness {
+	h := openHarness(t, t.TempDir())
+	h.one(adoptRules())
+	c := enq("q", "m1", "x")
+	adjust(c.Enqueue)
+	h.one(c)
+	m := mustDeliver(t, h.one(statefulDeq("q", "r0", "sl-0", "st-0")))
+	h.one(update(m.State, `{"step":0}`))
+	h.one(&Command{Op: OpQNack, QNack: &QueueNackCmd{MessageRef: ref(m), Defer: true}})
+	return h
+}
+
+// adoptRules is the sweep a leader proposes once every server applies this
+// build's entry format.
+func adoptRules() *Command {
+	return &Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: EntryFormat}}
+}
+
+// Until the island follows format 6, a dead letter's sidecar stays where it
+// was, as older builds leave it: every node applies the entry alike.
+func TestTheSidecarStaysBeforeTheIslandFollowsFormat6(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	c := enq("q", "m1", "x")
+	c.Enqueue.MaxAttempts = 1
+	h.one(c)
+	m := mustDeliver(t, h.one(statefulDeq("q", "r0", "sl-0", "st-0")))
+	h.one(update(m.State, `{"step":0}`))
+	h.one(&Command{Op: OpQNack, QNack: &QueueNackCmd{MessageRef: ref(m)}})
+	if d := h.publicDoc(StateKey("q", "m1")); string(d.Bytes) != `{"step":0}` {
+		t.Fatalf("the sidecar moved before the island follows format 6: %q", d.Bytes)
+	}
+	var rules int
+	_ = h.f.View(func(v *View) error { rules = v.rules(); return nil })
+	if rules != formatV1 || h.f.Rules() != formatV1 {
+		t.Fatalf("rules %d before any sweep raised them", rules)
+	}
+	h.one(adoptRules())
+	h.one(sweep()) // a sweep without a format never lowers them
+	if got := h.f.Rules(); got != EntryFormat {
+		t.Fatalf("rules %d after adopting %d", got, EntryFormat)
+	}
+}

@@ -57,6 +57,14 @@ func (r reader) keyRecord(k []byte) KeyRecord {
 	return rec
 }
 
+// rules is the newest entry format whose rules the island follows.
+func (r reader) rules() int {
+	if v := r.b(bucketMeta).Get(metaRules); v != nil {
+		return int(u64(v))
+	}
+	return formatV1
+}
+
 func (r reader) txn(id string) *TxnRecord {
 	if id == "" {
 		return nil

@@ -42,6 +42,11 @@ var (
 	// metaKeyTokens is the highest fencing token of a forgotten key record
 	// (8 bytes): a key without a record counts on from it.
 	metaKeyTokens = []byte("key_tokens")
+	// metaRules is the newest entry format whose rules the island follows
+	// (8 bytes; absent: formatV1). A sweep raises it once every server
+	// applies that format (SweepCmd.Format); rules that changed with a
+	// format apply from then on, on every node alike.
+	metaRules = []byte("rules")
 )
 
 // Transaction states as recorded in .txns.

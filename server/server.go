@@ -161,7 +161,8 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 	schedule := scheduleFunc(func(r int64) (int64, bool) { return node.FSM().NextDeadline(r) })
 	// Deadlines are judged with the clock commands are stamped with.
 	leaderClock := clockFunc(func() time.Time { return node.Now() })
-	sw := sweeper.New(sweepProposer, schedule, leaderClock, sweeper.Config{TxnRetention: cfg.TxnRetention, Logger: log})
+	sw := sweeper.New(sweepProposer, schedule, leaderClock, sweeper.Config{TxnRetention: cfg.TxnRetention,
+		Formats: lateFormats{node: &node}, Logger: log})
 	// The coordinator reaches other islands over their HTTP APIs; its
 	// resolver finishes decisions on the leader.
 	island := lateIsland{node: &node}
@@ -364,6 +365,13 @@ func (p pruneDue) PruneDue() bool {
 type scheduleFunc func(retention int64) (int64, bool)
 
 func (f scheduleFunc) NextDeadline(r int64) (int64, bool) { return f(r) }
+
+// lateFormats is the node as the sweeper sees it when it decides whether
+// the island adopts this build's rules.
+type lateFormats struct{ node **cluster.Node }
+
+func (l lateFormats) Rules() int               { return (*l.node).FSM().Rules() }
+func (l lateFormats) EveryServerApplies() bool { return (*l.node).EveryServerApplies() }
 
 // lateIsland is the node as the coordinator sees it; the node is opened
 // after the coordinator is built (its state machine reports to the

@@ -36,12 +36,22 @@ type Schedule interface {
 // Clock is the leader's clock, the same one that stamps commands.
 type Clock interface{ Now() time.Time }
 
+// Formats tells which entry format's rules the island follows
+// (fsm.FSM.Rules) and whether every server applies this build's format.
+type Formats interface {
+	Rules() int
+	EveryServerApplies() bool
+}
+
 // Config bounds the sweeper's work.
 type Config struct {
 	Limit        int           // items per sweep entry
 	TxnRetention time.Duration // how long decision records are kept
 	Idle         time.Duration // longest sleep when nothing is scheduled
-	Logger       *slog.Logger
+	// Formats, when set, lets sweeps raise the island's rules to this
+	// build's entry format once every server applies it (SweepCmd.Format).
+	Formats Formats
+	Logger  *slog.Logger
 }
 
 // Sweeper is started and stopped by leadership changes.
@@ -103,10 +113,11 @@ func (s *Sweeper) run(ctx context.Context) {
 	for {
 		now := s.clock.Now().UnixMilli()
 		next, ok := s.schedule.NextDeadline(retention)
-		if force || (ok && next <= now) {
+		format := s.format()
+		if force || format != 0 || (ok && next <= now) {
 			force = false
 			res, err := s.proposer.Propose(ctx, &fsm.Command{Op: fsm.OpSweep,
-				Sweep: &fsm.SweepCmd{Limit: s.cfg.Limit, TxnRetention: retention}})
+				Sweep: &fsm.SweepCmd{Limit: s.cfg.Limit, TxnRetention: retention, Format: format}})
 			if ctx.Err() != nil {
 				return
 			}
@@ -139,6 +150,16 @@ func (s *Sweeper) run(ctx context.Context) {
 		t.Stop()
 		s.planned.Store(math.MaxInt64)
 	}
+}
+
+// format is this build's entry format when the island should adopt its
+// rules (every server applies it, the island follows an older one), else 0.
+func (s *Sweeper) format() int {
+	f := s.cfg.Formats
+	if f == nil || f.Rules() >= fsm.EntryFormat || !f.EveryServerApplies() {
+		return 0
+	}
+	return fsm.EntryFormat
 }
 
 func sleep(ctx context.Context, d time.Duration) bool {

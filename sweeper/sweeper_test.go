@@ -5,6 +5,7 @@ import (
 	"math"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -205,4 +206,43 @@ type proposerFunc func(ctx context.Context, c *fsm.Command) (*fsm.Result, error)
 
 func (f proposerFunc) Propose(ctx context.Context, c *fsm.Command) (*fsm.Result, error) {
 	return f(ctx, c)
+}
+
+// upgrade is a Formats over the real state machine whose servers all apply
+// this build's format once every is set.
+type upgrade struct {
+	f     *fsm.FSM
+	every atomic.Bool
+}
+
+func (u *upgrade) Rules() int               { return u.f.Rules() }
+func (u *upgrade) EveryServerApplies() bool { return u.every.Load() }
+
+// The island adopts this build's rules through a sweep, once every server
+// applies its format, and not before: an older build would stop at it.
+func TestSweepRaisesTheRulesOnceEveryServerApplies(t *testing.T) {
+	d, sw := setup(t)
+	u := &upgrade{f: d.f}
+	sw.cfg.Formats, sw.cfg.Idle = u, 20*time.Millisecond
+	sw.SetLeader(true)
+	waitFor(t, "the first sweep of the term", func() bool { return d.sweeps() == 1 })
+	// Idle wake-ups while a server lags propose nothing.
+	waitFor(t, "a few idle wake-ups", func() bool {
+		p := sw.planned.Load()
+		return p != math.MaxInt64 && time.UnixMilli(p).Before(time.Now())
+	})
+	if n, rules := d.sweeps(), d.f.Rules(); n != 1 || rules >= fsm.EntryFormat {
+		t.Fatalf("%d sweeps, rules %d, while a server lags", n, rules)
+	}
+	u.every.Store(true)
+	waitFor(t, "the rules to be raised", func() bool { return d.f.Rules() == fsm.EntryFormat })
+	// Raised once: no sweep after it is proposed for the format's sake.
+	n := d.sweeps()
+	for i := 0; i < 3; i++ {
+		p := sw.planned.Load()
+		waitFor(t, "an idle wake-up", func() bool { return sw.planned.Load() != p })
+	}
+	if got := d.sweeps(); got != n {
+		t.Fatalf("%d more sweeps after the rules were raised", got-n)
+	}
 }
