@@ -37,6 +37,7 @@ type Cluster interface {
 	MemberStatuses(ctx context.Context) ([]cluster.MemberStatus, error)
 	Leave(ctx context.Context) error
 	RemovePeer(ctx context.Context, id string) error
+	Running(ctx context.Context, id string) bool
 }
 
 // Backups saves and restores the replicated state.
@@ -128,7 +129,7 @@ func (h *handler) removePeer(w http.ResponseWriter, r *http.Request) error {
 	if err := h.Cluster.RemovePeer(r.Context(), req.ID); err != nil {
 		return err
 	}
-	writeJSON(w, http.StatusOK, wire.RemovePeerResponse{Removed: true, ID: req.ID})
+	writeJSON(w, http.StatusOK, wire.RemovePeerResponse{Removed: true, ID: req.ID, Running: h.Cluster.Running(r.Context(), req.ID)})
 	return nil
 }
 

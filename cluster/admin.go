@@ -256,6 +256,24 @@ func (n *Node) Members() []Member {
 	return n.gossip.Members()
 }
 
+// Running reports whether server id is up: it answers, as id, a status
+// request at the Raft address gossip knows for it within a second (this
+// node always is).
+func (n *Node) Running(ctx context.Context, id string) bool {
+	if id == n.cfg.NodeID {
+		return true
+	}
+	for _, m := range n.Members() {
+		if m.ID == id && m.RaftAddr != "" {
+			ctx, cancel := context.WithTimeout(ctx, time.Second)
+			defer cancel()
+			st, err := n.PeerStatus(ctx, m.RaftAddr)
+			return err == nil && st.NodeID == id
+		}
+	}
+	return false
+}
+
 // Leave takes this node out of the cluster: a leader hands its leadership
 // over first (RemovePeer), then the leader removes this node from the Raft
 // configuration and gossip announces the departure. The cluster's only

@@ -81,10 +81,11 @@ type memberMeta struct {
 	Raft    string `json:"raft"`
 	Backend string `json:"backend,omitempty"`
 	Expect  int    `json:"expect"`
-	State   bool   `json:"state"`            // has Raft state: belongs to a cluster
-	Run     string `json:"run,omitempty"`    // random per process start: tells a restart from an update
-	Format  int    `json:"format,omitempty"` // newest Raft entry format the node applies (fsm.EntryFormat)
-	Island  bool   `json:"island,omitempty"` // names its island on Raft connections (writeIsland)
+	State   bool   `json:"state"`             // has Raft state: belongs to a cluster
+	Run     string `json:"run,omitempty"`     // random per process start: tells a restart from an update
+	Format  int    `json:"format,omitempty"`  // newest Raft entry format the node applies (fsm.EntryFormat)
+	Island  bool   `json:"island,omitempty"`  // names its island on Raft connections (writeIsland)
+	Leaving bool   `json:"leaving,omitempty"` // announced just before a graceful departure (cluster leave)
 }
 
 // Member is a server as gossip knows it.
@@ -94,7 +95,7 @@ type Member struct {
 	RaftAddr   string    `json:"raft_addr"`
 	API        string    `json:"api,omitempty"`
 	Backend    string    `json:"backend_hash,omitempty"`
-	Status     string    `json:"status"` // alive or dead
+	Status     string    `json:"status"` // alive, dead or left (cluster leave)
 	Since      time.Time `json:"since"`
 	meta       memberMeta
 }
@@ -236,10 +237,18 @@ func (g *gossip) MergeRemoteState(buf []byte, join bool)     {}
 func (g *gossip) NotifyJoin(node *memberlist.Node) { g.observe(node, "alive") }
 
 // NotifyLeave implements memberlist.EventDelegate. memberlist reports both
-// failures and graceful departures here; a server that leaves gracefully
-// has already been taken out of the Raft configuration, so both count as
-// dead.
-func (g *gossip) NotifyLeave(node *memberlist.Node) { g.observe(node, "dead") }
+// failures ("dead") and graceful departures ("left": the member announced
+// that it was leaving, cluster leave) here. A server that left has already
+// been taken out of the Raft configuration; everything that acts on a dead
+// member acts on one that left alike.
+func (g *gossip) NotifyLeave(node *memberlist.Node) {
+	status := "dead"
+	var meta memberMeta
+	if json.Unmarshal(node.Meta, &meta) == nil && meta.Leaving {
+		status = "left"
+	}
+	g.observe(node, status)
+}
 
 // NotifyUpdate implements memberlist.EventDelegate.
 func (g *gossip) NotifyUpdate(node *memberlist.Node) { g.observe(node, "alive") }
@@ -569,7 +578,7 @@ func (g *gossip) reconnectLoop(interval time.Duration) {
 		g.mu.Lock()
 		for _, s := range servers {
 			m := g.members[string(s.ID)]
-			if m != nil && m.Status == "dead" && !g.removedLocked(m.ID) && string(s.ID) != g.n.cfg.NodeID {
+			if m != nil && m.Status != "alive" && !g.removedLocked(m.ID) && string(s.ID) != g.n.cfg.NodeID {
 				addrs = append(addrs, m.GossipAddr)
 			}
 		}
@@ -682,14 +691,25 @@ func (g *gossip) notePacking(cf raft.ConfigurationFuture) {
 }
 
 func (g *gossip) refresh() {
-	cur := *g.self.Load()
-	next := cur
-	next.State, next.Backend = g.n.HasState(), g.n.fsm.BackendHash()
-	if next == cur {
-		return
+	state, backend := g.n.HasState(), g.n.fsm.BackendHash()
+	g.announce(time.Second, func(m *memberMeta) { m.State, m.Backend = state, backend })
+}
+
+// announce changes this node's metadata as change says and, when that
+// changed anything, tells the others.
+func (g *gossip) announce(timeout time.Duration, change func(m *memberMeta)) {
+	for {
+		cur := g.self.Load()
+		next := *cur
+		change(&next)
+		if next == *cur {
+			return
+		}
+		if g.self.CompareAndSwap(cur, &next) {
+			break
+		}
 	}
-	g.self.Store(&next)
-	if err := g.ml.UpdateNode(time.Second); err != nil {
+	if err := g.ml.UpdateNode(timeout); err != nil {
 		g.n.cfg.Logger.Debug("gossip metadata update", "error", err)
 	}
 }
@@ -774,8 +794,12 @@ func (g *gossip) wasRemoved(id string) bool {
 // addr is this node's gossip address.
 func (g *gossip) addr() string { return g.ml.LocalNode().Address() }
 
-// leave announces a graceful departure.
-func (g *gossip) leave(timeout time.Duration) error { return g.ml.Leave(timeout) }
+// leave announces a graceful departure: first that this node is leaving
+// (so the others tell its departure from a failure), then the departure.
+func (g *gossip) leave(timeout time.Duration) error {
+	g.announce(timeout/2, func(m *memberMeta) { m.Leaving = true })
+	return g.ml.Leave(timeout / 2)
+}
 
 func (g *gossip) close() {
 	g.cancel()

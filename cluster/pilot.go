@@ -283,7 +283,7 @@ func (p *pilot) KnownServers() map[raft.ServerID]*autopilot.Server {
 			if now.Sub(since) >= g.cfg.DeadServerTimeout {
 				status = autopilot.NodeFailed
 			}
-		case m.Status == "dead" && now.Sub(m.Since) >= g.cfg.DeadServerTimeout:
+		case m.Status != "alive" && now.Sub(m.Since) >= g.cfg.DeadServerTimeout:
 			status = autopilot.NodeFailed
 		}
 		out[s.ID] = &autopilot.Server{ID: s.ID, Name: string(s.ID), Address: s.Address, NodeStatus: status,

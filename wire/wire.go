@@ -186,6 +186,9 @@ type RemovePeerRequest struct {
 type RemovePeerResponse struct {
 	Removed bool   `json:"removed"`
 	ID      string `json:"id"`
+	// Running says the removed server is still up (gossip sees it alive):
+	// it serves nothing until it is restarted, and rejoins then.
+	Running bool `json:"running,omitempty"`
 }
 
 // LeaveResponse is the body answered by POST /v1/cluster/leave.

@@ -361,9 +361,20 @@ func newClusterCmd() *cobra.Command {
 		Args:  cobra.ExactArgs(1),
 		RunE: runAdmin(o, func(ctx context.Context, c *client.Client, args []string) (*wire.RemovePeerResponse, error) {
 			return c.RemovePeer(ctx, args[0])
-		}, func(w io.Writer, out *wire.RemovePeerResponse) { fmt.Fprintf(w, "removed %s\n", out.ID) }),
+		}, removedTable),
 	})
 	return cmd
+}
+
+// removedTable tells what became of a removed server, and what a running
+// one does next.
+func removedTable(w io.Writer, out *wire.RemovePeerResponse) {
+	fmt.Fprintf(w, "removed %s\n", out.ID)
+	if out.Running {
+		fmt.Fprintf(w, "%s is still running: it serves no requests (503 no_leader) and takes no part in the cluster until it is\n"+
+			"restarted, and rejoins as a new member then. To retire it, stop it and delete its data directory;\n"+
+			"`raftlockd cluster leave` on a running server retires it gracefully.\n", out.ID)
+	}
 }
 
 func dash(s string) string {

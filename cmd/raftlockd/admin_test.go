@@ -217,6 +217,15 @@ func TestCLIClusterLeaveExitsZero(t *testing.T) {
 	if got := voters(); len(got) != 1 || got[0] != ids[0] {
 		t.Fatalf("voters after %s left: %v", ids[1], got)
 	}
+	// The remaining server tells the departure from a failure.
+	testutil.WaitFor(t, 10*time.Second, "the server that left to be listed as left", func() bool {
+		for _, l := range strings.Split(mustCLI(t, procs[0].clientEnv(), "", "cluster", "members"), "\n") {
+			if f := strings.Fields(l); len(f) > 2 && f[0] == ids[1] {
+				return f[1] == "none" && f[2] == "left"
+			}
+		}
+		return false
+	})
 	lease := parseExports(t, mustCLI(t, procs[0].clientEnv(), "", "client", "acquire", "--key", "still-serving"))
 	mustCLI(t, procs[0].clientEnv(envList(lease)...), "", "client", "release")
 }
@@ -254,6 +263,21 @@ func TestProgressOutput(t *testing.T) {
 		if got := humanBytes(n); got != want {
 			t.Errorf("humanBytes(%d) = %q, want %q", n, got, want)
 		}
+	}
+}
+
+// remove-peer of a server that still runs says what it does next.
+func TestRemovePeerOutput(t *testing.T) {
+	var buf bytes.Buffer
+	removedTable(&buf, &wire.RemovePeerResponse{Removed: true, ID: "n2"})
+	if buf.String() != "removed n2\n" {
+		t.Fatalf("removal of a stopped server: %q", buf.String())
+	}
+	buf.Reset()
+	removedTable(&buf, &wire.RemovePeerResponse{Removed: true, ID: "n2", Running: true})
+	if out := buf.String(); !strings.HasPrefix(out, "removed n2\nn2 is still running") || !strings.Contains(out, "no_leader") ||
+		!strings.Contains(out, "restarted") || !strings.Contains(out, "cluster leave") {
+		t.Fatalf("removal of a running server: %q", out)
 	}
 }
 

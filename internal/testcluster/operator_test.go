@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -133,7 +134,7 @@ func TestRemovePeer(t *testing.T) {
 	c.Stop(victim)
 
 	out, err := c.Operator(via).RemovePeer(ctx, c.Nodes[victim].Name)
-	if err != nil || !out.Removed {
+	if err != nil || !out.Removed || out.Running {
 		t.Fatalf("remove-peer %s: %+v %v", c.Nodes[victim].Name, out, err)
 	}
 	testutil.WaitFor(t, 5*time.Second, "the removal to reach every node", func() bool {
@@ -163,6 +164,27 @@ func TestRemovePeer(t *testing.T) {
 	commit(t, acquire(t, c.Client(via), "after-remove", 30), `{"ok":true}`)
 }
 
+// remove-peer of a server that is still running says so: it answers
+// no_leader until it is restarted.
+func TestRemovePeerOfARunningServerSaysItRuns(t *testing.T) {
+	c := Start(t, 3)
+	ctx := context.Background()
+	l := c.WaitLeader(10 * time.Second)
+	victim := others(c, l)[0]
+	out, err := c.Operator(l).RemovePeer(ctx, c.Nodes[victim].Name)
+	if err != nil || !out.Removed || !out.Running {
+		t.Fatalf("remove-peer of the running %s: %+v %v", c.Nodes[victim].Name, out, err)
+	}
+	// Once it has stopped hearing from the leader.
+	n := 0
+	testutil.WaitFor(t, 20*time.Second, "the removed server to answer no_leader", func() bool {
+		n++
+		_, err := c.Client(victim).Acquire(ctx, wire.AcquireRequest{Key: fmt.Sprintf("after-removal-%d", n), Owner: "o",
+			TTLSeconds: 30, BlockSecs: wire.BlockNoWait})
+		return errors.Is(err, errcode.NoLeader)
+	})
+}
+
 // A leaving node hands over leadership, leaves the voter set and shuts
 // down; the cluster shrinks to its last voter, which refuses to leave.
 func TestLeaveShrinksTheVoterSet(t *testing.T) {
@@ -182,7 +204,7 @@ func TestLeaveShrinksTheVoterSet(t *testing.T) {
 	rest := others(c)
 	testutil.WaitFor(t, 10*time.Second, "the departed server to be gone from gossip and the configuration", func() bool {
 		for _, m := range c.Nodes[next].Server.Node().Members() {
-			if m.ID == names[l] && m.Status != "dead" {
+			if m.ID == names[l] && m.Status != "left" {
 				return false
 			}
 		}
