@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/url"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -321,5 +322,62 @@ func TestACACertificateClaimingARoleIsStillACA(t *testing.T) {
 	roots.AddCert(claiming)
 	if _, err := Verify([]*x509.Certificate{claiming}, roots, time.Now()); !errors.Is(err, ErrWrongRole) {
 		t.Fatalf("a CA claiming the server role as a peer: %v", err)
+	}
+}
+
+// withUsages is b re-signed by ca with the extended key usages given (none:
+// the certificate names none).
+func withUsages(t *testing.T, ca, b *Bundle, usages ...x509.ExtKeyUsage) *Bundle {
+	t.Helper()
+	tmpl := *b.Cert
+	tmpl.ExtKeyUsage = usages
+	der, err := x509.CreateCertificate(rand.Reader, &tmpl, ca.Cert, b.Cert.PublicKey, ca.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &Bundle{Cert: cert, Key: b.Key, CAs: b.CAs, GossipKey: b.GossipKey}
+}
+
+// A certificate serves only the authentication its extended key usages
+// name: a server-only certificate is no caller, a client-only one no
+// server, one that names none is both.
+func TestExtendedKeyUsagesAreChecked(t *testing.T) {
+	ca := mustCA(t)
+	srv := mustIssue(t, ca, RoleServer, IssueOptions{Name: "n1", Hosts: []string{"127.0.0.1"}})
+	serverOnly := withUsages(t, ca, srv, x509.ExtKeyUsageServerAuth)
+	clientOnly := withUsages(t, ca, srv, x509.ExtKeyUsageClientAuth)
+	either := withUsages(t, ca, srv)
+	c := NewChecker(NewStaticSource(srv), &fakeLists{})
+	for _, tc := range []struct {
+		name   string
+		b      *Bundle
+		caller bool // accepted from a caller
+		server bool // accepted from a server dialled
+	}{{"both usages", srv, true, true}, {"server only", serverOnly, false, true}, {"client only", clientOnly, true, false},
+		{"none named", either, true, true}} {
+		_, err := c.Check(chain(tc.b), false, time.Now())
+		if (err == nil) != tc.caller || err != nil && !errors.Is(err, ErrWrongRole) {
+			t.Errorf("%s presented by a caller: %v", tc.name, err)
+		}
+		if _, err := Verify(chain(tc.b), ca.Roots(), time.Now()); (err == nil) != tc.caller {
+			t.Errorf("%s verified as a caller's: %v", tc.name, err)
+		}
+		_, err = c.check(chain(tc.b), false, time.Now(), x509.ExtKeyUsageServerAuth)
+		if (err == nil) != tc.server || err != nil && !strings.Contains(err.Error(), "not for server authentication") {
+			t.Errorf("%s presented by a server: %v", tc.name, err)
+		}
+		// Peers: the one accepting checks for client use, the one dialling
+		// for server use.
+		node := NewStaticSource(srv)
+		if err := node.verifyServer(x509.ExtKeyUsageClientAuth)(tls.ConnectionState{PeerCertificates: chain(tc.b)}); (err == nil) != tc.caller {
+			t.Errorf("%s dialling a peer: %v", tc.name, err)
+		}
+		if err := node.verifyServer(x509.ExtKeyUsageServerAuth)(tls.ConnectionState{PeerCertificates: chain(tc.b)}); (err == nil) != tc.server {
+			t.Errorf("%s dialled by a peer: %v", tc.name, err)
+		}
 	}
 }

@@ -54,6 +54,7 @@ const maxVerified = 4096
 type verifiedKey struct {
 	chain   [sha256.Size]byte
 	foreign bool
+	usage   x509.ExtKeyUsage
 }
 
 type verifiedChain struct {
@@ -96,9 +97,15 @@ func (c *Checker) current() (map[string]bool, *x509.CertPool, uint64, error) {
 	return c.revoked, c.trusted, gen, nil
 }
 
-// Check returns the identity chain proves at now. With foreign set, a
-// chain to a CA on the trust list is accepted too (Identity.Foreign).
+// Check returns the identity that chain, presented by a caller, proves at
+// now. With foreign set, a chain to a CA on the trust list is accepted too
+// (Identity.Foreign).
 func (c *Checker) Check(chain []*x509.Certificate, foreign bool, now time.Time) (Identity, error) {
+	return c.check(chain, foreign, now, x509.ExtKeyUsageClientAuth)
+}
+
+// check is Check for usage (see verify).
+func (c *Checker) check(chain []*x509.Certificate, foreign bool, now time.Time, usage x509.ExtKeyUsage) (Identity, error) {
 	revoked, trusted, gen, err := c.current()
 	if err != nil {
 		return Identity{}, err
@@ -107,14 +114,14 @@ func (c *Checker) Check(chain []*x509.Certificate, foreign bool, now time.Time) 
 		return Identity{}, ErrNoCertificate
 	}
 	bundle := c.src.Bundle()
-	key := verifiedKey{chain: chainDigest(chain), foreign: foreign}
+	key := verifiedKey{chain: chainDigest(chain), foreign: foreign, usage: usage}
 	c.verifiedMu.Lock()
 	v, ok := c.verified[key]
 	c.verifiedMu.Unlock()
 	if !ok || v.bundle != bundle || v.gen != gen || !v.valid.covers(now) {
-		id, valid, err := verify(chain, bundle.Roots(), now)
+		id, valid, err := verify(chain, bundle.Roots(), now, usage)
 		if errors.Is(err, ErrUnknownCA) && foreign {
-			if id, valid, err = verify(chain, trusted, now); err == nil {
+			if id, valid, err = verify(chain, trusted, now, usage); err == nil {
 				id.Foreign = true
 			}
 		}
@@ -172,7 +179,7 @@ func (c *Checker) PeerHTTPConfig(host string) *tls.Config {
 			if err := leaf.VerifyHostname(host); err != nil {
 				return fmt.Errorf("auth: %w", err)
 			}
-			id, err := c.Check(cs.PeerCertificates, true, time.Now())
+			id, err := c.check(cs.PeerCertificates, true, time.Now(), x509.ExtKeyUsageServerAuth)
 			if err != nil {
 				return err
 			}

@@ -17,11 +17,11 @@ var (
 	ErrWrongRole     = errors.New("the certificate's role does not allow this")
 )
 
-// Verify checks a presented certificate chain (leaf first) against roots
-// at time now and returns the identity it proves, with the fingerprint of
-// the CA it chains to.
+// Verify checks a certificate chain (leaf first) that a caller presented
+// against roots at time now and returns the identity it proves, with the
+// fingerprint of the CA it chains to.
 func Verify(chain []*x509.Certificate, roots *x509.CertPool, now time.Time) (Identity, error) {
-	id, _, err := verify(chain, roots, now)
+	id, _, err := verify(chain, roots, now, x509.ExtKeyUsageClientAuth)
 	return id, err
 }
 
@@ -33,7 +33,10 @@ func (v validity) covers(now time.Time) bool {
 	return !now.Before(v.notBefore) && !now.After(v.notAfter)
 }
 
-func verify(chain []*x509.Certificate, roots *x509.CertPool, now time.Time) (Identity, validity, error) {
+// verify checks chain for usage: client authentication for a caller's
+// certificate, server authentication for the certificate of a server
+// dialled. A certificate that names no extended key usage serves both.
+func verify(chain []*x509.Certificate, roots *x509.CertPool, now time.Time, usage x509.ExtKeyUsage) (Identity, validity, error) {
 	if len(chain) == 0 {
 		return Identity{}, validity{}, ErrNoCertificate
 	}
@@ -46,7 +49,14 @@ func verify(chain []*x509.Certificate, roots *x509.CertPool, now time.Time) (Ide
 		inter.AddCert(c)
 	}
 	chains, err := leaf.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: now,
-		KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+		KeyUsages: []x509.ExtKeyUsage{usage}})
+	if invalid := (x509.CertificateInvalidError{}); errors.As(err, &invalid) && invalid.Reason == x509.IncompatibleUsage {
+		what := "client"
+		if usage == x509.ExtKeyUsageServerAuth {
+			what = "server"
+		}
+		return Identity{}, validity{}, fmt.Errorf("%w: the certificate is not for %s authentication (extended key usage)", ErrWrongRole, what)
+	}
 	if err != nil {
 		return Identity{}, validity{}, fmt.Errorf("%w: %v", ErrUnknownCA, err)
 	}
@@ -141,19 +151,23 @@ func (s *Source) APIConfig() *tls.Config {
 		GetCertificate: func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return s.certificate() }}
 }
 
-// verifyServer accepts only a server certificate of the current CA. It is
-// the configurations' VerifyConnection, which crypto/tls also calls when a
+// verifyServer returns a check that accepts only a server certificate of
+// the current CA, for usage (client authentication: the peer dialled this
+// node; server authentication: this node dialled it). It is the
+// configurations' VerifyConnection, which crypto/tls also calls when a
 // session is resumed (VerifyPeerCertificate is not): a TLS session a peer
 // was given before its CA was dropped does not let it back in.
-func (s *Source) verifyServer(cs tls.ConnectionState) error {
-	id, err := Verify(cs.PeerCertificates, s.Bundle().Roots(), time.Now())
-	if err != nil {
-		return err
+func (s *Source) verifyServer(usage x509.ExtKeyUsage) func(tls.ConnectionState) error {
+	return func(cs tls.ConnectionState) error {
+		id, _, err := verify(cs.PeerCertificates, s.Bundle().Roots(), time.Now(), usage)
+		if err != nil {
+			return err
+		}
+		if id.Role != RoleServer {
+			return fmt.Errorf("%w: a %s certificate is not a server's", ErrWrongRole, id.Role)
+		}
+		return nil
 	}
-	if id.Role != RoleServer {
-		return fmt.Errorf("%w: a %s certificate is not a server's", ErrWrongRole, id.Role)
-	}
-	return nil
 }
 
 // PeerServerConfig is the TLS configuration a node accepts its peers'
@@ -162,7 +176,7 @@ func (s *Source) verifyServer(cs tls.ConnectionState) error {
 func (s *Source) PeerServerConfig() *tls.Config {
 	return &tls.Config{MinVersion: tls.VersionTLS12, ClientAuth: tls.RequireAnyClientCert,
 		GetCertificate:   func(*tls.ClientHelloInfo) (*tls.Certificate, error) { return s.certificate() },
-		VerifyConnection: s.verifyServer}
+		VerifyConnection: s.verifyServer(x509.ExtKeyUsageClientAuth)}
 }
 
 // PeerClientConfig is the TLS configuration a node dials its peers with.
@@ -172,7 +186,7 @@ func (s *Source) PeerServerConfig() *tls.Config {
 func (s *Source) PeerClientConfig() *tls.Config {
 	return &tls.Config{MinVersion: tls.VersionTLS12, InsecureSkipVerify: true, //nolint:gosec // verified below
 		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) { return s.certificate() },
-		VerifyConnection:     s.verifyServer}
+		VerifyConnection:     s.verifyServer(x509.ExtKeyUsageServerAuth)}
 }
 
 // ClientConfig is the TLS configuration an API client dials with bundle b:
