@@ -829,17 +829,28 @@ func (m memberlistLog) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
+// ErrGossipKeyKept says that a gossip key change needs a restart: gossip
+// that started unencrypted cannot be encrypted while it runs, nor the other
+// way round. Gossip goes on as it was.
+var ErrGossipKeyKept = errors.New("gossip goes on with the encryption it started with")
+
 // UseGossipKey makes key the one gossip is encrypted with and accept the
 // further keys it reads (members that have not switched to key yet are
 // understood as long as their key is among them); keys named by neither
-// are no longer read. A node without gossip encryption ignores it.
+// are no longer read. A change between encrypted and unencrypted gossip is
+// ErrGossipKeyKept. A node without gossip ignores it.
 func (n *Node) UseGossipKey(key []byte, accept ...[]byte) error {
-	if n.gossip == nil || len(key) == 0 {
+	if n.gossip == nil {
 		return nil
 	}
 	kr := n.gossip.keyring
-	if kr == nil {
+	switch {
+	case kr == nil && len(key) == 0:
 		return nil
+	case kr == nil:
+		return fmt.Errorf("%w: gossip started unencrypted; restart the server to encrypt it with the new key", ErrGossipKeyKept)
+	case len(key) == 0:
+		return fmt.Errorf("%w: the new bundle carries no gossip key, so gossip keeps its key; restart the server to run it unencrypted", ErrGossipKeyKept)
 	}
 	keep := append([][]byte{key}, accept...)
 	for _, k := range keep {

@@ -3,6 +3,7 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"errors"
 	"strconv"
 	"testing"
 	"time"
@@ -201,5 +202,22 @@ func TestUseGossipKeyKeepsOnlyTheNamedKeys(t *testing.T) {
 	}
 	if !bytes.Equal(kr.GetPrimaryKey(), next) || keys() != 1 {
 		t.Fatalf("the old key dropped: %d keys", keys())
+	}
+	// Without a key, gossip stays encrypted with the one it has, and says so.
+	if err := n.UseGossipKey(nil); !errors.Is(err, ErrGossipKeyKept) || !bytes.Equal(kr.GetPrimaryKey(), next) || keys() != 1 {
+		t.Fatalf("a bundle without a gossip key: %v, %d keys", err, keys())
+	}
+}
+
+// Gossip that started unencrypted says a new key takes a restart.
+func TestUnencryptedGossipSaysAKeyNeedsARestart(t *testing.T) {
+	cfg := gossipConfig(t, "plain", 0, nil)
+	cfg.Gossip.SecretKey = nil
+	n := openNode(t, cfg)
+	if err := n.UseGossipKey(nil); err != nil {
+		t.Fatalf("no key for unencrypted gossip: %v", err)
+	}
+	if err := n.UseGossipKey(bytes.Repeat([]byte{1}, 32)); !errors.Is(err, ErrGossipKeyKept) || n.gossip.keyring != nil {
+		t.Fatalf("a key for unencrypted gossip: %v", err)
 	}
 }

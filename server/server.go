@@ -454,7 +454,9 @@ func (s *Server) Reload() error {
 	if err := s.tls.Reload(); err != nil {
 		return fmt.Errorf("server: reload %s: %w", s.tls.Path(), err)
 	}
-	if err := s.node.UseGossipKey(gossipKey(s.tls), gossipAccept(s.tls)...); err != nil {
+	if err := s.node.UseGossipKey(gossipKey(s.tls), gossipAccept(s.tls)...); errors.Is(err, cluster.ErrGossipKeyKept) {
+		s.log.Warn("the reloaded bundle's gossip key is not used", "bundle", s.tls.Path(), "reason", err)
+	} else if err != nil {
 		return err
 	}
 	s.log.Info("reloaded TLS bundle", "bundle", s.tls.Path(), "serial", auth.SerialOf(s.tls.Bundle().Cert),
