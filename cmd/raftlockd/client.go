@@ -40,6 +40,39 @@ type leaseFlags struct {
 	lease   string
 	txnID   string
 	fencing int64
+	// queueState names the state sidecar of the delivery the shell holds
+	// (RAFTLOCKD_QUEUE_STATE_*, from `client queue dequeue --with-state`).
+	queueState bool
+	queueNS    string // the sidecar's namespace, with queueState
+}
+
+// registerQueueState adds --queue-state, for the commands that read and
+// change a message's state sidecar like any key.
+func (l *leaseFlags) registerQueueState(cmd *cobra.Command) {
+	cmd.Flags().BoolVar(&l.queueState, "queue-state", false, "use the state sidecar of the delivery `client queue dequeue --with-state` "+
+		"exported ("+queueEnv+"STATE_KEY, _STATE_LEASE, _STATE_TXN_ID, _STATE_FENCING_TOKEN) instead of --key, --lease, --txn-id and --fencing-token")
+}
+
+// resolve fills the lease from the sidecar variables with --queue-state.
+func (l *leaseFlags) resolve() error {
+	if !l.queueState {
+		return nil
+	}
+	l.key, l.lease, l.txnID = os.Getenv(queueEnv+"STATE_KEY"), os.Getenv(queueEnv+"STATE_LEASE"), os.Getenv(queueEnv+"STATE_TXN_ID")
+	l.queueNS = os.Getenv(queueEnv + "NAMESPACE")
+	if l.key == "" || l.lease == "" {
+		return fmt.Errorf("--queue-state: no state sidecar named: eval the output of `raftlockd client queue dequeue --with-state`, "+
+			"which sets %sSTATE_KEY and %sSTATE_LEASE", queueEnv, queueEnv)
+	}
+	l.fencing = 0
+	if v := os.Getenv(queueEnv + "STATE_FENCING_TOKEN"); v != "" {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			return fmt.Errorf("%sSTATE_FENCING_TOKEN: %w", queueEnv, err)
+		}
+		l.fencing = n
+	}
+	return nil
 }
 
 func (l *leaseFlags) register(cmd *cobra.Command, withLease bool) {
@@ -53,6 +86,9 @@ func (l *leaseFlags) register(cmd *cobra.Command, withLease bool) {
 
 // require refuses a command that needs a lease when none is named.
 func (l *leaseFlags) require() error {
+	if err := l.resolve(); err != nil {
+		return err
+	}
 	if l.key == "" || l.lease == "" {
 		return fmt.Errorf("no lease named: pass --key and --lease, or eval the output of `raftlockd client acquire`, "+
 			"which sets %sKEY and %sLEASE", clientEnv, clientEnv)
@@ -61,7 +97,16 @@ func (l *leaseFlags) require() error {
 }
 
 func (l *leaseFlags) ref(ns string) client.LeaseRef {
-	return client.LeaseRef{Namespace: ns, Key: l.key, LeaseID: l.lease, TxnID: l.txnID, FencingToken: l.fencing}
+	return client.LeaseRef{Namespace: l.namespace(ns), Key: l.key, LeaseID: l.lease, TxnID: l.txnID, FencingToken: l.fencing}
+}
+
+// namespace is the lease's namespace: ns, or with --queue-state the
+// namespace of the delivery (RAFTLOCKD_QUEUE_NAMESPACE) when it is set.
+func (l *leaseFlags) namespace(ns string) string {
+	if l.queueNS != "" {
+		return l.queueNS
+	}
+	return ns
 }
 
 // parseSeconds reads "30s", "1m" or a bare number of seconds and, for a
@@ -276,6 +321,7 @@ func newKeepAliveCmd(opts *clientOpts) *cobra.Command {
 		},
 	}
 	l.register(cmd, true)
+	l.registerQueueState(cmd)
 	secondsVar(cmd.Flags(), &ttl, "ttl", "new TTL, e.g. 30s (0: the lease's TTL)")
 	return cmd
 }
@@ -288,6 +334,9 @@ func newGetCmd(opts *clientOpts) *cobra.Command {
 		Short: "Print a key's JSON state (the holder's view with --lease, the committed one otherwise)",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := l.resolve(); err != nil {
+				return err
+			}
 			c, ctx, cancel, err := opts.open(cmd)
 			defer cancel()
 			if err != nil {
@@ -296,9 +345,9 @@ func newGetCmd(opts *clientOpts) *cobra.Command {
 			var doc *client.Document
 			switch {
 			case stale:
-				doc, err = c.GetPublicStale(ctx, opts.namespace, l.key)
+				doc, err = c.GetPublicStale(ctx, l.namespace(opts.namespace), l.key)
 			case public || l.lease == "":
-				doc, err = c.GetPublic(ctx, opts.namespace, l.key)
+				doc, err = c.GetPublic(ctx, l.namespace(opts.namespace), l.key)
 			default:
 				doc, err = c.Get(ctx, l.ref(opts.namespace))
 			}
@@ -312,6 +361,7 @@ func newGetCmd(opts *clientOpts) *cobra.Command {
 		},
 	}
 	l.register(cmd, true)
+	l.registerQueueState(cmd)
 	cmd.Flags().BoolVar(&public, "public", false, "read the committed state even when a lease is set")
 	cmd.Flags().BoolVar(&stale, "stale", false, "read the committed state from the server's own copy, without asking the leader (may be behind)")
 	return cmd
@@ -354,6 +404,9 @@ func newUpdateCmd(opts *clientOpts) *cobra.Command {
 		Short: "Stage new JSON state for a held key, read from FILE or stdin",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
+			if err := l.resolve(); err != nil {
+				return err
+			}
 			doc, err := readInput(cmd, args)
 			if err != nil {
 				return err
@@ -371,6 +424,7 @@ func newUpdateCmd(opts *clientOpts) *cobra.Command {
 		},
 	}
 	l.register(cmd, true)
+	l.registerQueueState(cmd)
 	cas.register(cmd)
 	return cmd
 }
@@ -383,6 +437,9 @@ func newRemoveCmd(opts *clientOpts) *cobra.Command {
 		Short: "Stage the removal of a held key's state",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := l.resolve(); err != nil {
+				return err
+			}
 			c, ctx, cancel, err := opts.open(cmd)
 			defer cancel()
 			if err != nil {
@@ -396,6 +453,7 @@ func newRemoveCmd(opts *clientOpts) *cobra.Command {
 		},
 	}
 	l.register(cmd, true)
+	l.registerQueueState(cmd)
 	cas.register(cmd)
 	return cmd
 }

@@ -175,7 +175,8 @@ written to a file (a new temporary file unless --payload-file is given)
 named by RAFTLOCKD_QUEUE_PAYLOAD_FILE. ack and nack remove the temporary
 files dequeue wrote (RAFTLOCKD_QUEUE_TEMP_FILES). With --with-state the message's state
 sidecar is leased too: RAFTLOCKD_QUEUE_STATE_KEY, _STATE_LEASE,
-_STATE_TXN_ID and _STATE_FENCING_TOKEN name it for 'client update', and its
+_STATE_TXN_ID and _STATE_FENCING_TOKEN name it ('client get|update|remove
+--queue-state' use them), and its
 committed document is written to RAFTLOCKD_QUEUE_STATE_FILE (empty when it
 has none). With --txn-id (or RAFTLOCKD_CLIENT_TXN_ID) the delivery is
 enlisted in that transaction: committing it acknowledges the message.

@@ -46,12 +46,15 @@ printf 'flow' | raftlockd client queue enqueue --queue flows >/dev/null
 eval "$(raftlockd client queue dequeue --queue flows --wait -1 --with-state)"
 echo "STATE_KEY=$RAFTLOCKD_QUEUE_STATE_KEY"
 echo "STATE_BEFORE=$(cat "$RAFTLOCKD_QUEUE_STATE_FILE")"
-echo '{"step":1}' | raftlockd client update --key "$RAFTLOCKD_QUEUE_STATE_KEY" --lease "$RAFTLOCKD_QUEUE_STATE_LEASE" \
-  --txn-id "$RAFTLOCKD_QUEUE_STATE_TXN_ID" --fencing-token "$RAFTLOCKD_QUEUE_STATE_FENCING_TOKEN" >/dev/null
+echo '{"step":1}' | raftlockd client update --queue-state >/dev/null
+echo "STATE_STAGED=$(raftlockd client get --queue-state)"
 eval "$(raftlockd client queue nack --defer)"
 eval "$(raftlockd client queue dequeue --queue flows --wait -1 --with-state)"
 echo "STATE_AFTER=$(cat "$RAFTLOCKD_QUEUE_STATE_FILE")"
+echo '{"step":2}' | raftlockd client update --key "$RAFTLOCKD_QUEUE_STATE_KEY" --lease "$RAFTLOCKD_QUEUE_STATE_LEASE" \
+  --txn-id "$RAFTLOCKD_QUEUE_STATE_TXN_ID" --fencing-token "$RAFTLOCKD_QUEUE_STATE_FENCING_TOKEN" >/dev/null
 eval "$(raftlockd client queue ack)"
+if echo '{}' | raftlockd client update --queue-state >/dev/null 2>"$TMPDIR/err"; then echo "NO_SIDECAR=updated"; else echo "NO_SIDECAR=$(cat "$TMPDIR/err")"; fi
 
 # Transactions: an enqueue joins the shell's transaction and appears when it commits.
 eval "$(raftlockd client acquire --key k)"
@@ -68,7 +71,7 @@ echo "LEFT=$(ls "$TMPDIR" | grep -c '^raftlockd-') KEPT=$(cat "$TMPDIR/out")"
 	for name, want := range map[string]string{"PAYLOAD": "hello queue", "NAMESPACE": "default", "NAME": "jobs",
 		"FENCING_TOKEN": "1", "ATTEMPTS": "1", "CONTENT_TYPE": "text/plain", "PAYLOAD_BYTES": "11",
 		"CLEARED": "none/none", "AGAIN": "second ATTEMPTS=2 FAILURES=0", "FAILED_ONCE": "1",
-		"STATE_BEFORE": "", "STATE_AFTER": `{"step":1}`,
+		"STATE_BEFORE": "", "STATE_STAGED": `{"step":1}`, "STATE_AFTER": `{"step":1}`,
 		"BEFORE_COMMIT": "waiting", "COMMITTED": "staged", "LEFT": "0 KEPT=second"} {
 		if v[name] != want {
 			t.Errorf("%s = %q, want %q (output:\n%s)", name, v[name], want, out)
@@ -82,6 +85,9 @@ echo "LEFT=$(ls "$TMPDIR" | grep -c '^raftlockd-') KEPT=$(cat "$TMPDIR/out")"
 	}
 	if !strings.Contains(v["STALE"], "queue_message_lease_mismatch") {
 		t.Errorf("ack of a handed-back delivery: %q", v["STALE"])
+	}
+	if !strings.Contains(v["NO_SIDECAR"], "--queue-state: no state sidecar named") {
+		t.Errorf("update --queue-state after the ack: %q", v["NO_SIDECAR"])
 	}
 	if !strings.Contains(v["EMPTY"], "waiting") {
 		t.Errorf("dequeue of an empty queue: %q", v["EMPTY"])
