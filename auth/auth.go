@@ -116,6 +116,7 @@ type Identity struct {
 	Perms    []Perm
 	NotAfter time.Time
 	CA       string // fingerprint of the issuing CA (see Fingerprint)
+	Node     string // a server certificate's node id, when it is bound to one
 	Foreign  bool   // issued by a CA on the trust list, not the island's own
 }
 
@@ -153,6 +154,8 @@ func IdentityOf(c *x509.Certificate) (Identity, error) {
 		switch u.Host {
 		case "role":
 			id.Role = Role(strings.TrimPrefix(u.Path, "/"))
+		case "node":
+			id.Node = strings.TrimPrefix(u.Path, "/")
 		case "ns":
 			p, err := permOfURI(u)
 			if err != nil {

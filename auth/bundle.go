@@ -217,6 +217,7 @@ func (b *Bundle) Identity() (Identity, error) {
 type IssueOptions struct {
 	Name     string        // common name
 	Hosts    []string      // server: DNS names and IP addresses it answers on
+	Node     string        // server: the node id it is for ("": any)
 	Perms    []Perm        // client: namespaces it may use
 	Validity time.Duration // 0: a year (ten for a CA)
 	// NotBefore starts the validity period, which then lasts Validity;
@@ -309,6 +310,9 @@ func (ca *Bundle) Issue(role Role, o IssueOptions) (*Bundle, error) {
 			} else if h != "" && !slices.Contains(tmpl.DNSNames, h) {
 				tmpl.DNSNames = append(tmpl.DNSNames, h)
 			}
+		}
+		if o.Node != "" {
+			tmpl.URIs = append(tmpl.URIs, &url.URL{Scheme: uriScheme, Host: "node", Path: "/" + o.Node})
 		}
 		b.GossipKey = ca.GossipKey
 	case RoleClient, RoleTCClient:

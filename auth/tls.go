@@ -189,6 +189,28 @@ func (s *Source) PeerClientConfig() *tls.Config {
 		VerifyConnection:     s.verifyServer(x509.ExtKeyUsageServerAuth)}
 }
 
+// PeerNode is the node id the certificate a peer presented on cs is bound
+// to ("": the certificate names none).
+func (s *Source) PeerNode(cs tls.ConnectionState) string {
+	if len(cs.PeerCertificates) == 0 {
+		return ""
+	}
+	id, err := IdentityOf(cs.PeerCertificates[0])
+	if err != nil {
+		return ""
+	}
+	return id.Node
+}
+
+// Node is the node id the bundle's certificate is bound to ("": none).
+func (s *Source) Node() string {
+	id, err := IdentityOf(s.Bundle().Cert)
+	if err != nil {
+		return ""
+	}
+	return id.Node
+}
+
 // ClientConfig is the TLS configuration an API client dials with bundle b:
 // it presents b's certificate and checks the server's against b's CA and
 // the host name dialed.

@@ -254,7 +254,7 @@ func Open(cfg Config) (_ *Node, err error) {
 			return
 		}
 		rpcServer.ServeConn(c)
-	}, cfg.NodeID, n.fsm.BackendHash, cfg.Logger)
+	}, cfg.NodeID, n.fsm.BackendHash, cfg.TLS, cfg.Logger)
 	closers = append(closers, closerFunc(func() error { n.mux.close(); return nil }))
 	n.peers = &peers{network: cfg.Network, clients: map[string]*rpc.Client{}}
 	closers = append(closers, closerFunc(func() error { n.peers.close(); return nil }))

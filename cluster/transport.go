@@ -105,13 +105,14 @@ type mux struct {
 
 	island   func() string // this node's backend hash
 	self     string        // this node's id
+	certs    PeerTLS       // nil without TLS
 	refused  warnEvery     // Raft connections from other islands
 	refusals atomic.Int64  // how many were refused
 }
 
-func newMux(ln net.Listener, rpc func(net.Conn), self string, island func() string, log *slog.Logger) *mux {
+func newMux(ln net.Listener, rpc func(net.Conn), self string, island func() string, certs PeerTLS, log *slog.Logger) *mux {
 	m := &mux{ln: ln, raftCh: make(chan net.Conn), rpc: rpc, log: log, done: make(chan struct{}),
-		conns: map[*trackedConn]struct{}{}, self: self, island: island, refused: warnEvery{every: 10 * time.Second}}
+		conns: map[*trackedConn]struct{}{}, self: self, island: island, certs: certs, refused: warnEvery{every: 10 * time.Second}}
 	m.wg.Add(1)
 	go m.accept()
 	return m
@@ -190,6 +191,13 @@ func (m *mux) admitIsland(c net.Conn) bool {
 		return false
 	}
 	_ = c.SetWriteDeadline(time.Time{})
+	if err := m.checkNode(c, id); err != nil {
+		m.refusals.Add(1)
+		if m.refused.due() {
+			m.log.Error("refused Raft with a server whose certificate is another node's", "error", err, "remote", c.RemoteAddr().String())
+		}
+		return false
+	}
 	if sameIsland(ours, theirs) {
 		return true
 	}
@@ -198,6 +206,25 @@ func (m *mux) admitIsland(c net.Conn) bool {
 		m.log.Error(otherIsland, "server", id, "its_backend", theirs, "backend", ours, "remote", c.RemoteAddr().String())
 	}
 	return false
+}
+
+// ErrOtherNode says that a server names itself with another node id than
+// the one its certificate is bound to.
+var ErrOtherNode = errors.New("cluster: the server's certificate is bound to another node")
+
+// checkNode refuses a peer on c that names itself id while its certificate
+// is bound to another node (auth: a server certificate issued for one node
+// id): a server started with another node's id, or with another node's
+// bundle, does not take that node's place in Raft.
+func (m *mux) checkNode(c net.Conn, id string) error {
+	tc, ok := c.(*tls.Conn)
+	if m.certs == nil || !ok {
+		return nil
+	}
+	if bound := m.certs.PeerNode(tc.ConnectionState()); bound != "" && bound != id {
+		return fmt.Errorf("%w: it names itself %s, its certificate is node %s's", ErrOtherNode, id, bound)
+	}
+	return nil
 }
 
 // otherIsland tells the operator about a server of another island. Both
@@ -341,6 +368,10 @@ func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.
 		return nil, fmt.Errorf("cluster: dial %s: %w", addr, err)
 	}
 	_ = c.SetDeadline(time.Time{})
+	if err := s.m.checkNode(c, id); err != nil {
+		c.Close()
+		return nil, fmt.Errorf("cluster: dial %s: %w", addr, err)
+	}
 	if !sameIsland(ours, theirs) {
 		c.Close()
 		return nil, fmt.Errorf("cluster: %s at %s (backend %s, this island %s): %w", id, addr, theirs, ours, ErrOtherIsland)
@@ -427,6 +458,9 @@ func advertiseAddr(advertise string, bound net.Addr) (net.Addr, error) {
 type PeerTLS interface {
 	PeerServerConfig() *tls.Config
 	PeerClientConfig() *tls.Config
+	// PeerNode is the node id the certificate the peer presented is
+	// bound to ("": none).
+	PeerNode(cs tls.ConnectionState) string
 }
 
 // tlsNetwork runs a Network's connections over mutually authenticated

@@ -91,6 +91,34 @@ func NodeID(cfg config.Server) (string, error) {
 	return id, nil
 }
 
+// boundNodeID is NodeID for a server whose bundle is src (nil without
+// mTLS): a certificate bound to a node id (auth new server --node-id) gives
+// the id when none is configured or kept, and refuses any other, so that a
+// server started with another node's bundle, or under another node's id,
+// does not take that node's place.
+func boundNodeID(cfg config.Server, src *auth.Source) (string, error) {
+	bound := ""
+	if src != nil {
+		bound = src.Node()
+	}
+	if bound == "" {
+		return NodeID(cfg)
+	}
+	stored := ""
+	if raw, err := os.ReadFile(filepath.Join(cfg.DataDir, "node-id")); err == nil {
+		stored = strings.TrimSpace(string(raw))
+	}
+	for _, id := range []string{cfg.NodeID, stored} {
+		if id != "" && id != bound {
+			return "", fmt.Errorf("server: the certificate of %s is node %q's, but this server is node %q: "+
+				"give it that node's bundle, or a bundle issued for %q (raftlockd auth new server --node-id %s)",
+				src.Path(), bound, id, id, id)
+		}
+	}
+	cfg.NodeID = bound
+	return NodeID(cfg)
+}
+
 // Option adjusts how a node reaches its peers; tests use them to inject
 // network faults.
 type Option func(*options)
@@ -135,11 +163,6 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("server: data dir: %w", err)
 	}
-	id, err := NodeID(cfg)
-	if err != nil {
-		return nil, err
-	}
-	log = log.With("node", id)
 	var src *auth.Source
 	if cfg.DisableMTLS {
 		log.Warn("mTLS is disabled: the HTTP API accepts plain, unauthenticated requests from anyone, " +
@@ -147,6 +170,11 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 	} else if src, err = openBundle(cfg, log); err != nil {
 		return nil, err
 	}
+	id, err := boundNodeID(cfg, src)
+	if err != nil {
+		return nil, err
+	}
+	log = log.With("node", id)
 	if cfg.TCDisableAuth && !cfg.DisableMTLS {
 		log.Warn("TC authentication is disabled: the coordinator and resource-manager endpoints accept requests without a certificate")
 	}

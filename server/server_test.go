@@ -144,6 +144,39 @@ func TestADataDirectoryKeepsItsNode(t *testing.T) {
 	}
 }
 
+// A server whose bundle is bound to a node id runs as that node: without
+// --node-id it takes the id, and it refuses another one, configured or
+// kept in its data directory.
+func TestABundleBoundToANodeGivesItsID(t *testing.T) {
+	dir := t.TempDir()
+	cfg := testutil.Config(t, dir)
+	b := testutil.Issue(t, nil, auth.RoleServer, auth.IssueOptions{Name: "n1", Hosts: []string{"127.0.0.1"}, Node: "n1"})
+	if err := b.WriteFile(cfg.Bundle); err != nil {
+		t.Fatal(err)
+	}
+	srv := testutil.StartServer(t, cfg)
+	if id := srv.Node().ID(); id != "n1" {
+		t.Fatalf("the node of a bundle bound to n1 runs as %q", id)
+	}
+	if err := srv.Close(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	cfg.NodeID = "n2"
+	if _, err := server.Start(cfg, testutil.Logger(t)); err == nil || !strings.Contains(err.Error(), `is node "n1"'s, but this server is node "n2"`) {
+		t.Fatalf("start as n2 with n1's bundle: %v", err)
+	}
+	// A data directory of another node, with n1's bundle.
+	other := testutil.Config(t, t.TempDir())
+	other.NodeID = "n3"
+	if _, err := server.NodeID(other); err != nil {
+		t.Fatal(err)
+	}
+	other.NodeID, other.Bundle = "", cfg.Bundle
+	if _, err := server.Start(other, testutil.Logger(t)); err == nil || !strings.Contains(err.Error(), `this server is node "n3"`) {
+		t.Fatalf("start of n3's data directory with n1's bundle: %v", err)
+	}
+}
+
 // A node started with --disable-mtls says at every start that it serves
 // plain HTTP; a node with its bundle serves HTTPS and says nothing of the
 // kind.

@@ -157,7 +157,10 @@ func newAuthNewCmd() *cobra.Command {
 		"Issue a server bundle: a node's certificate, valid for its host names and addresses", "",
 		func(c *cobra.Command) func(*auth.IssueOptions) error {
 			var hosts []string
+			var node string
 			c.Flags().StringArrayVar(&hosts, "host", nil, "DNS name or IP address the node is reached at (repeatable, at least one; the first is the default --name)")
+			c.Flags().StringVar(&node, "node-id", "", "bind the certificate to this node id: a server started with it runs as that node "+
+				"and no other, and its peers refuse it under another id")
 			return func(o *auth.IssueOptions) error {
 				if len(hosts) == 0 {
 					return errors.New("--host is required: the names and addresses clients and peers reach the node at")
@@ -165,7 +168,7 @@ func newAuthNewCmd() *cobra.Command {
 				if o.Name == "" {
 					o.Name = hosts[0]
 				}
-				o.Hosts = hosts
+				o.Hosts, o.Node = hosts, node
 				return nil
 			}
 		})
@@ -319,6 +322,7 @@ type bundleInfo struct {
 	Expired       bool      `json:"expired"`
 	Namespaces    []string  `json:"namespaces,omitempty"`
 	Hosts         []string  `json:"hosts,omitempty"`
+	Node          string    `json:"node_id,omitempty"` // the node id a server certificate is bound to
 	CA            string    `json:"ca"`
 	CAFingerprint string    `json:"ca_fingerprint"`
 	GossipKey     bool      `json:"gossip_key"`
@@ -340,7 +344,7 @@ func inspectBundle(path string) (*bundleInfo, error) {
 	c := b.Cert
 	info := &bundleInfo{File: path, Role: string(id.Role), Name: id.Name, Serial: id.Serial, Fingerprint: auth.Fingerprint(c),
 		NotBefore: c.NotBefore.UTC(), NotAfter: c.NotAfter.UTC(), Expired: time.Now().After(c.NotAfter),
-		Hosts: c.DNSNames, CAFingerprint: id.CA, GossipKey: len(b.GossipKey) > 0, AcceptedGossipKeys: len(b.GossipKeys()) - 1}
+		Hosts: c.DNSNames, Node: id.Node, CAFingerprint: id.CA, GossipKey: len(b.GossipKey) > 0, AcceptedGossipKeys: len(b.GossipKeys()) - 1}
 	if info.AcceptedGossipKeys < 0 {
 		info.AcceptedGossipKeys = 0
 	}
@@ -436,7 +440,7 @@ func newInspectCmd() *cobra.Command {
 					{"file", info.File}, {"role", info.Role}, {"name", info.Name}, {"serial", info.Serial},
 					{"fingerprint", info.Fingerprint}, {"valid", validity},
 					{"namespaces", dash(strings.Join(info.Namespaces, ", "))}, {"hosts", dash(strings.Join(info.Hosts, ", "))},
-					{"ca", info.CA + " (" + info.CAFingerprint + ")"}, {"also trusts", dash(strings.Join(info.ExtraCAs, ", "))},
+					{"node id", dash(info.Node)}, {"ca", info.CA + " (" + info.CAFingerprint + ")"}, {"also trusts", dash(strings.Join(info.ExtraCAs, ", "))},
 					{"gossip key", gossip},
 				} {
 					fmt.Fprintf(w, "%s\t%s\n", kv[0], kv[1])

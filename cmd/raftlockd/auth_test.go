@@ -344,7 +344,7 @@ func TestAuthInspect(t *testing.T) {
 	path := func(name string) string { return filepath.Join(dir, name) }
 	mustCLI(t, nil, "", "auth", "new", "ca", "--out", path("ca.pem"), "--name", "inspect CA")
 	mustCLI(t, nil, "", "auth", "new", "server", "--ca", path("ca.pem"), "--out", path("s.pem"), "--host", "db1.example",
-		"--host", "10.1.2.3", "--validity", "30d")
+		"--host", "10.1.2.3", "--validity", "30d", "--node-id", "db1")
 	mustCLI(t, nil, "", "auth", "new", "client", "--ca", path("ca.pem"), "--out", path("c.pem"), "--namespace", "orders",
 		"--namespace", "billing:r", "--name", "app")
 	mustCLI(t, nil, "", "auth", "new", "tcclient", "--ca", path("ca.pem"), "--out", path("t.pem"), "--validity", "1ms")
@@ -355,16 +355,19 @@ func TestAuthInspect(t *testing.T) {
 		t.Errorf("CA: %+v", ca)
 	}
 	if srv.Role != "server" || srv.Name != "db1.example" || strings.Join(srv.Hosts, ",") != "db1.example,10.1.2.3" ||
-		!srv.GossipKey || srv.CA != "inspect CA" || srv.CAFingerprint != ca.Fingerprint ||
+		!srv.GossipKey || srv.CA != "inspect CA" || srv.CAFingerprint != ca.Fingerprint || srv.Node != "db1" ||
 		srv.NotAfter.Sub(time.Now().Add(30*24*time.Hour)).Abs() > time.Hour {
 		t.Errorf("server: %+v", srv)
 	}
-	if cl.Role != "client" || cl.Name != "app" || strings.Join(cl.Namespaces, ",") != "orders:rw,billing:r" || cl.GossipKey ||
+	if cl.Role != "client" || cl.Name != "app" || strings.Join(cl.Namespaces, ",") != "orders:rw,billing:r" || cl.GossipKey || cl.Node != "" ||
 		len(cl.Hosts) != 0 || cl.Expired || cl.Serial == "" || cl.Serial == srv.Serial {
 		t.Errorf("client: %+v", cl)
 	}
 	if tcc.Role != "tcclient" || tcc.Name != "raftlockd tcclient" || !tcc.Expired {
 		t.Errorf("TC client (valid for 1ms): %+v", tcc)
+	}
+	if table := mustCLI(t, nil, "", "auth", "inspect", path("s.pem")); !strings.Contains(table, "node id      db1") {
+		t.Errorf("inspect table of a bundle bound to db1:\n%s", table)
 	}
 	table := mustCLI(t, nil, "", "auth", "inspect", path("c.pem"))
 	for _, want := range []string{"role         client", "namespaces   orders:rw, billing:r", "serial       " + cl.Serial,
