@@ -101,7 +101,7 @@ type timedLogStore struct {
 	raft.LogStore
 	m            *nodeMetrics
 	applied      func() uint64
-	dropsApplied func(min, max uint64)
+	dropsApplied func(min, max, term uint64)
 }
 
 // DeleteRange implements raft.LogStore. Raft deletes a prefix when it
@@ -113,9 +113,14 @@ func (t *timedLogStore) DeleteRange(min, max uint64) error {
 	if err != nil {
 		return err
 	}
+	// The term of the first entry dropped, for the report.
+	var first raft.Log
+	if max >= last && min <= t.applied() {
+		_ = t.LogStore.GetLog(min, &first)
+	}
 	err = t.LogStore.DeleteRange(min, max)
 	if err == nil && max >= last && min <= t.applied() {
-		t.dropsApplied(min, max)
+		t.dropsApplied(min, max, first.Term)
 	}
 	return err
 }

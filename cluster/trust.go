@@ -88,13 +88,15 @@ func (n *Node) distrust(snaps raft.SnapshotStore) (string, error) {
 // and this server's state and snapshots hold writes no other server has.
 // Serving them would diverge for good. The node marks its data directory
 // for a resync (see resync) and stops.
-func (n *Node) dropsApplied(min, max uint64) {
+func (n *Node) dropsApplied(min, max, term uint64) {
 	applied := n.fsm.Applied()
+	_, leader := n.raft.LeaderWithID()
 	err := markFile(n.cfg.DataDir, resyncFile)
 	n.cfg.Logger.Error("the cluster's leader replaced log entries this server had applied: writes acknowledged "+
 		"before were lost to the cluster (was a data directory rolled back or restored from an older copy?); "+
 		"stopping: on restart this server drops its state and catches up from the cluster",
-		"dropped_from", min, "dropped_to", max, "applied", applied, "mark_error", err)
+		"dropped_from", min, "dropped_to", max, "dropped_term", term, "applied", applied, "applied_term", n.fsm.AppliedTerm(),
+		"commit_index", n.raft.CommitIndex(), "term", n.raft.CurrentTerm(), "leader", leader, "mark_error", err)
 	n.fsm.Halt(fmt.Errorf("cluster: the Raft log drops entries %d..%d, applied up to %d", min, max, applied))
 }
 
