@@ -517,6 +517,13 @@ func (t tlsNetwork) Dial(ctx context.Context, addr string) (net.Conn, error) {
 //
 // Votes pass another gate while the server catches up after joining (see
 // joining.go): it grants none and asks for none.
+//
+// A leader's commit index is trusted only as far as the request matched
+// this server's log (clampCommit): raft sets a follower's commit index to
+// the least of the leader's and the follower's own last index, so a request
+// whose entries end before an older, conflicting suffix of the follower's
+// log (a deposed leader's entries no one else holds) would have the
+// follower apply entries the cluster never committed.
 type raftTransport struct {
 	*raft.NetworkTransport
 	mu   sync.RWMutex
@@ -538,23 +545,15 @@ type leaderCommit struct{ term, index uint64 }
 // vote gate (a server only begins joining as it starts: see joining.go);
 // the others hand raft the RPCs inner reads, as they come.
 func newRaftTransport(inner *raft.NetworkTransport, joining bool) *raftTransport {
-	t := &raftTransport{NetworkTransport: inner, stop: make(chan struct{})}
-	if joining {
-		t.joining.Store(true)
-		t.consumer = make(chan raft.RPC)
-		t.wg.Add(1)
-		go t.filter()
-	}
+	t := &raftTransport{NetworkTransport: inner, stop: make(chan struct{}), consumer: make(chan raft.RPC)}
+	t.joining.Store(joining)
+	t.wg.Add(1)
+	go t.filter()
 	return t
 }
 
-// Consumer implements raft.Transport: the RPCs the gate lets through.
-func (t *raftTransport) Consumer() <-chan raft.RPC {
-	if t.consumer == nil {
-		return t.NetworkTransport.Consumer()
-	}
-	return t.consumer
-}
+// Consumer implements raft.Transport: the RPCs the gates let through.
+func (t *raftTransport) Consumer() <-chan raft.RPC { return t.consumer }
 
 func (t *raftTransport) filter() {
 	defer t.wg.Done()
@@ -562,6 +561,7 @@ func (t *raftTransport) filter() {
 	for {
 		select {
 		case rpc := <-in:
+			clampCommit(rpc)
 			if t.refuse(rpc) {
 				continue
 			}
@@ -575,6 +575,25 @@ func (t *raftTransport) filter() {
 			return
 		}
 	}
+}
+
+// clampCommit lowers the commit index of an AppendEntries request to the
+// last entry the request proves this server holds as the leader does: the
+// last one it carries, or the previous entry it names when it carries none
+// (what the Raft paper prescribes: commitIndex = min(leaderCommit, index of
+// last new entry)). Entries beyond that may belong to a deposed leader and
+// conflict with the cluster's; the next request that reaches them replaces
+// them before they are committed here.
+func clampCommit(rpc raft.RPC) {
+	req, ok := rpc.Command.(*raft.AppendEntriesRequest)
+	if !ok {
+		return
+	}
+	proven := req.PrevLogEntry
+	if n := len(req.Entries); n > 0 {
+		proven = req.Entries[n-1].Index
+	}
+	req.LeaderCommitIndex = min(req.LeaderCommitIndex, proven)
 }
 
 // refuse answers a vote request itself while the server is joining, and
