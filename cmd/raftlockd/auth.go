@@ -225,7 +225,7 @@ func newCACmd() *cobra.Command {
 func newClusterBundlesCmd() *cobra.Command {
 	var dir, validity string
 	var hosts, shared []string
-	var force, ifAbsent bool
+	var force, ifAbsent, bind bool
 	cmd := &cobra.Command{
 		Use:   "cluster --dir DIR --host H [--host H ...]",
 		Short: "Create a CA and the bundles of a cluster: one per node, a client and a TC client bundle",
@@ -233,7 +233,8 @@ func newClusterBundlesCmd() *cobra.Command {
 bundle valid for that host, localhost, 127.0.0.1, ::1 and every --shared-host),
 client.pem (every namespace, read-write) and tcclient.pem. Start each node
 with --bundle DIR/<host>.pem; keep ca.pem, which signs further certificates,
-away from the nodes.`,
+away from the nodes. With --bind-node-ids each node's bundle is bound to the
+node id <host> (as 'auth new server --node-id' binds one).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if dir == "" || len(hosts) == 0 {
@@ -278,7 +279,11 @@ away from the nodes.`,
 						names = append(names, other)
 					}
 				}
-				files = append(files, file{h + ".pem", auth.RoleServer, auth.IssueOptions{Name: h, Hosts: names, Validity: d}})
+				o := auth.IssueOptions{Name: h, Hosts: names, Validity: d}
+				if bind {
+					o.Node = h
+				}
+				files = append(files, file{h + ".pem", auth.RoleServer, o})
 			}
 			files = append(files,
 				file{auth.ClientFile, auth.RoleClient, auth.IssueOptions{Name: "raftlockd client", Validity: d,
@@ -306,6 +311,7 @@ away from the nodes.`,
 		"such as a load balancer's (repeatable)")
 	f.StringVar(&validity, "validity", "", "how long the nodes' and clients' certificates are valid (default: a year; the CA ten)")
 	f.BoolVar(&force, "force", false, "replace an existing CA and its bundles")
+	f.BoolVar(&bind, "bind-node-ids", false, "bind each node's bundle to the node id its --host names: a server runs with it as that node only")
 	f.BoolVar(&ifAbsent, "if-absent", false, "do nothing, successfully, when DIR already holds a CA (for one-shot setup containers)")
 	return cmd
 }

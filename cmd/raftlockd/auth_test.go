@@ -93,14 +93,14 @@ func TestDefaultBootstrapTLS(t *testing.T) {
 }
 
 // TestAuthNewCluster issues a cluster's bundles with `auth new cluster`
-// and starts three nodes on them with --bundle: they form one cluster
-// over TLS, and commands presenting the cluster's client bundle are
-// served through any node.
+// (bound to the nodes' ids) and starts three nodes on them with --bundle:
+// they form one cluster over TLS, and commands presenting the cluster's
+// client bundle are served through any node.
 func TestAuthNewCluster(t *testing.T) {
 	t.Parallel()
 	certs := filepath.Join(t.TempDir(), "certs")
 	names := []string{"node1", "node2", "node3"}
-	args := []string{"auth", "new", "cluster", "--dir", certs, "--shared-host", loopbackHost(t)}
+	args := []string{"auth", "new", "cluster", "--dir", certs, "--shared-host", loopbackHost(t), "--bind-node-ids"}
 	for _, n := range names {
 		args = append(args, "--host", n)
 	}
@@ -113,7 +113,7 @@ func TestAuthNewCluster(t *testing.T) {
 	}
 	ca := inspect(t, filepath.Join(certs, auth.CAFile))
 	node := inspect(t, filepath.Join(certs, "node2.pem"))
-	if node.Role != "server" || node.Name != "node2" || node.CAFingerprint != ca.Fingerprint || !node.GossipKey ||
+	if node.Role != "server" || node.Name != "node2" || node.Node != "node2" || node.CAFingerprint != ca.Fingerprint || !node.GossipKey ||
 		!slices.Contains(node.Hosts, "node2") || !slices.Contains(node.Hosts, "localhost") ||
 		!slices.Contains(node.Hosts, "127.0.0.1") || !slices.Contains(node.Hosts, loopbackHost(t)) || slices.Contains(node.Hosts, "node1") {
 		t.Fatalf("node2.pem: %+v", node)
