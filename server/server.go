@@ -69,10 +69,7 @@ type Server struct {
 // log (Raft knows the node by the kept one).
 func NodeID(cfg config.Server) (string, error) {
 	path := filepath.Join(cfg.DataDir, "node-id")
-	var stored string
-	if raw, err := os.ReadFile(path); err == nil {
-		stored = strings.TrimSpace(string(raw))
-	}
+	stored := storedNodeID(cfg.DataDir)
 	id := cfg.NodeID
 	switch {
 	case id == "" && stored != "", id != "" && id == stored:
@@ -91,6 +88,15 @@ func NodeID(cfg config.Server) (string, error) {
 	return id, nil
 }
 
+// storedNodeID is the node id kept in dataDir, "" when there is none.
+func storedNodeID(dataDir string) string {
+	raw, err := os.ReadFile(filepath.Join(dataDir, "node-id"))
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(raw))
+}
+
 // boundNodeID is NodeID for a server whose bundle is src (nil without
 // mTLS): a certificate bound to a node id (auth new server --node-id) gives
 // the id when none is configured or kept, and refuses any other, so that a
@@ -104,11 +110,7 @@ func boundNodeID(cfg config.Server, src *auth.Source) (string, error) {
 	if bound == "" {
 		return NodeID(cfg)
 	}
-	stored := ""
-	if raw, err := os.ReadFile(filepath.Join(cfg.DataDir, "node-id")); err == nil {
-		stored = strings.TrimSpace(string(raw))
-	}
-	for _, id := range []string{cfg.NodeID, stored} {
+	for _, id := range []string{cfg.NodeID, storedNodeID(cfg.DataDir)} {
 		if id != "" && id != bound {
 			return "", fmt.Errorf("server: the certificate of %s is node %q's, but this server is node %q: "+
 				"give it that node's bundle, or a bundle issued for %q (raftlockd auth new server --node-id %s)",

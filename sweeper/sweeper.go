@@ -156,7 +156,7 @@ func (s *Sweeper) run(ctx context.Context) {
 // rules (every server applies it, the island follows an older one), else 0.
 func (s *Sweeper) format() int {
 	f := s.cfg.Formats
-	if f == nil || f.Rules() >= fsm.EntryFormat || !f.EveryServerApplies() {
+	if f == nil || !f.EveryServerApplies() || f.Rules() >= fsm.EntryFormat {
 		return 0
 	}
 	return fsm.EntryFormat
