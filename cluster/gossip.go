@@ -81,11 +81,10 @@ type memberMeta struct {
 	Raft    string `json:"raft"`
 	Backend string `json:"backend,omitempty"`
 	Expect  int    `json:"expect"`
-	State   bool   `json:"state"`             // has Raft state: belongs to a cluster
-	Run     string `json:"run,omitempty"`     // random per process start: tells a restart from an update
-	Format  int    `json:"format,omitempty"`  // newest Raft entry format the node applies (fsm.EntryFormat)
-	Island  bool   `json:"island,omitempty"`  // names its island on Raft connections (writeIsland)
-	Leaving bool   `json:"leaving,omitempty"` // announced just before a graceful departure (cluster leave)
+	State   bool   `json:"state"`            // has Raft state: belongs to a cluster
+	Run     string `json:"run,omitempty"`    // random per process start: tells a restart from an update
+	Format  int    `json:"format,omitempty"` // newest Raft entry format the node applies (fsm.EntryFormat)
+	Island  bool   `json:"island,omitempty"` // names its island on Raft connections (writeIsland)
 }
 
 // Member is a server as gossip knows it.
@@ -110,6 +109,7 @@ type gossip struct {
 	members map[string]*Member
 	missing map[string]time.Time // servers in the Raft configuration never seen alive, since when
 	removed map[string]string    // servers taken out of the configuration, and the run taken out: not added back until they rejoin
+	leaving map[string]string    // servers that said they are leaving (cluster leave), and the run that said it
 	config  map[string]string    // the servers of the Raft configuration when noteRemovals last looked, and their runs then
 
 	self         atomic.Pointer[memberMeta]
@@ -132,7 +132,7 @@ type gossip struct {
 
 func startGossip(n *Node, cfg GossipConfig) (*gossip, error) {
 	cfg.defaults()
-	g := &gossip{n: n, cfg: cfg, members: map[string]*Member{}, missing: map[string]time.Time{}, removed: map[string]string{},
+	g := &gossip{n: n, cfg: cfg, members: map[string]*Member{}, missing: map[string]time.Time{}, removed: map[string]string{}, leaving: map[string]string{},
 		tooManyLog: warnEvery{every: 10 * time.Second}, otherExpect: warnEvery{every: 10 * time.Second}, done: make(chan struct{})}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.self.Store(&memberMeta{ID: n.cfg.NodeID, API: cfg.APIEndpoint, Raft: n.RaftAddr(), Expect: cfg.BootstrapExpect,
@@ -228,7 +228,24 @@ func (g *gossip) NodeMeta(limit int) []byte {
 	return raw
 }
 
-func (g *gossip) NotifyMsg([]byte)                           {}
+// leavingNote is the message a node sends every member, over TCP, just
+// before it leaves the gossip gracefully (cluster leave).
+type leavingNote struct {
+	Leaving string `json:"leaving"` // node id
+	Run     string `json:"run"`
+}
+
+// NotifyMsg implements memberlist.Delegate: a member says it is leaving.
+func (g *gossip) NotifyMsg(b []byte) {
+	var note leavingNote
+	if json.Unmarshal(b, &note) != nil || note.Leaving == "" {
+		return
+	}
+	g.mu.Lock()
+	g.leaving[note.Leaving] = note.Run
+	g.mu.Unlock()
+}
+
 func (g *gossip) GetBroadcasts(overhead, limit int) [][]byte { return nil }
 func (g *gossip) LocalState(join bool) []byte                { return nil }
 func (g *gossip) MergeRemoteState(buf []byte, join bool)     {}
@@ -237,15 +254,19 @@ func (g *gossip) MergeRemoteState(buf []byte, join bool)     {}
 func (g *gossip) NotifyJoin(node *memberlist.Node) { g.observe(node, "alive") }
 
 // NotifyLeave implements memberlist.EventDelegate. memberlist reports both
-// failures ("dead") and graceful departures ("left": the member announced
-// that it was leaving, cluster leave) here. A server that left has already
-// been taken out of the Raft configuration; everything that acts on a dead
+// failures ("dead") and graceful departures ("left": the member said it
+// was leaving, cluster leave) here. A server that left has already been
+// taken out of the Raft configuration; everything that acts on a dead
 // member acts on one that left alike.
 func (g *gossip) NotifyLeave(node *memberlist.Node) {
 	status := "dead"
 	var meta memberMeta
-	if json.Unmarshal(node.Meta, &meta) == nil && meta.Leaving {
-		status = "left"
+	if json.Unmarshal(node.Meta, &meta) == nil {
+		g.mu.Lock()
+		if run, ok := g.leaving[meta.ID]; ok && run == meta.Run {
+			status = "left"
+		}
+		g.mu.Unlock()
 	}
 	g.observe(node, status)
 }
@@ -262,6 +283,9 @@ func (g *gossip) observe(node *memberlist.Node, status string) {
 	m := g.members[meta.ID]
 	if status == "alive" && (m == nil || m.Status != status || m.meta.Run != meta.Run) {
 		delete(g.removed, meta.ID) // (re)joined or restarted since it was removed
+		if g.leaving[meta.ID] != meta.Run {
+			delete(g.leaving, meta.ID) // a later run than the one that left
+		}
 	}
 	if m == nil || m.Status != status {
 		m = &Member{Since: time.Now()}
@@ -691,25 +715,14 @@ func (g *gossip) notePacking(cf raft.ConfigurationFuture) {
 }
 
 func (g *gossip) refresh() {
-	state, backend := g.n.HasState(), g.n.fsm.BackendHash()
-	g.announce(time.Second, func(m *memberMeta) { m.State, m.Backend = state, backend })
-}
-
-// announce changes this node's metadata as change says and, when that
-// changed anything, tells the others.
-func (g *gossip) announce(timeout time.Duration, change func(m *memberMeta)) {
-	for {
-		cur := g.self.Load()
-		next := *cur
-		change(&next)
-		if next == *cur {
-			return
-		}
-		if g.self.CompareAndSwap(cur, &next) {
-			break
-		}
+	cur := *g.self.Load()
+	next := cur
+	next.State, next.Backend = g.n.HasState(), g.n.fsm.BackendHash()
+	if next == cur {
+		return
 	}
-	if err := g.ml.UpdateNode(timeout); err != nil {
+	g.self.Store(&next)
+	if err := g.ml.UpdateNode(time.Second); err != nil {
 		g.n.cfg.Logger.Debug("gossip metadata update", "error", err)
 	}
 }
@@ -794,11 +807,17 @@ func (g *gossip) wasRemoved(id string) bool {
 // addr is this node's gossip address.
 func (g *gossip) addr() string { return g.ml.LocalNode().Address() }
 
-// leave announces a graceful departure: first that this node is leaving
-// (so the others tell its departure from a failure), then the departure.
+// leave announces a graceful departure: first, to every member over TCP,
+// that this node is leaving (so the others tell its departure from a
+// failure, whatever order gossip delivers things in), then the departure.
 func (g *gossip) leave(timeout time.Duration) error {
-	g.announce(timeout/2, func(m *memberMeta) { m.Leaving = true })
-	return g.ml.Leave(timeout / 2)
+	note, _ := json.Marshal(leavingNote{Leaving: g.n.cfg.NodeID, Run: g.self.Load().Run})
+	for _, m := range g.ml.Members() {
+		if m.Name != g.ml.LocalNode().Name {
+			_ = g.ml.SendReliable(m, note)
+		}
+	}
+	return g.ml.Leave(timeout)
 }
 
 func (g *gossip) close() {
