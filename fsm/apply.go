@@ -748,8 +748,11 @@ func (s *applyState) sweep(c *SweepCmd) *Result {
 	}
 	for _, tk := range s.dueKeys(bucketTxnDone, s.now-c.TxnRetention, max(budget, 0)) {
 		budget--
-		_, id := splitTimer(tk)
+		at, id := splitTimer(tk)
 		s.del(bucketTxnDone, tk)
+		if t := s.txn(string(id)); t != nil && (len(t.Unacked()) > 0 || t.ReopenedAt > at) {
+			continue // islands were added since: their last ack starts the retention again
+		}
 		s.del(bucketTxns, id)
 		res.Forgotten++
 	}

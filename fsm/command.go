@@ -73,16 +73,24 @@ const formatV5 = 5
 // is framed as formatV1.
 const formatV6 = 6
 
+// formatV7 is the first byte of a command only builds of entry format 7
+// apply: a sweep that raises the island's rules to format 7, from which on
+// a decide on a decided transaction adds the other islands it names to the
+// record and sends them the decision. It is framed as formatV1.
+const formatV7 = 7
+
 // EntryFormat is the newest entry format this build applies. Nodes announce
 // it; a leader packs commands, and a server proposes drop_waits, prune
 // passes that keep the tip and forget_keys, only when every server
 // announces it (gossip); an entry of a newer format stops the node (apply).
-const EntryFormat = formatV6
+const EntryFormat = formatV7
 
 // format is the first byte of c's encoding: the oldest entry format whose
 // builds apply c as this one does.
 func (c *Command) format() byte {
 	switch {
+	case c.Sweep != nil && c.Sweep.Format >= formatV7:
+		return formatV7
 	case c.Sweep != nil && c.Sweep.Format >= formatV6:
 		return formatV6
 	case c.ForgetKeys != nil:

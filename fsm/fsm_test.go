@@ -922,7 +922,9 @@ func TestMalformedEntriesAreRejectedDeterministically(t *testing.T) {
 		{&Command{Op: OpForgetKeys, ForgetKeys: &ForgetKeysCmd{Keys: []KeyName{{Namespace: "default", Key: "k"}}}}, formatV4},
 		{sweep(), formatV5}, {sweep(), formatV6},
 		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV6}}, formatV1},
-		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV6}}, formatV5}} {
+		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV6}}, formatV5},
+		{sweep(), formatV7},
+		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV7}}, formatV6}} {
 		data, err := Encode(c.cmd)
 		if err != nil {
 			t.Fatal(err)

@@ -136,6 +136,7 @@ type TxnRecord struct {
 	StagedUntil  int64         `json:"staged_until,omitempty"` // the latest staged enqueue's hold on the transaction
 	Prepared     []string      `json:"prepared,omitempty"`
 	Acked        []string      `json:"acked,omitempty"`
+	ReopenedAt   int64         `json:"reopened_at,omitempty"` // islands were added after every island had applied the decision
 }
 
 // has reports whether (ns, key) of this island takes part in t.

@@ -414,10 +414,15 @@ func (s *applyState) txnDecide(c *DecideCmd) *Result {
 		return fail(e)
 	}
 	if t != nil && t.State != TxnPending {
-		if c.State == t.State {
-			return &Result{Decision: t.State, Txn: txnInfo(c.TxnID, t)}
+		if c.State != t.State {
+			return fail(decidedErr(t))
 		}
-		return fail(decidedErr(t))
+		if s.rules() >= formatV7 {
+			if err := s.addIslands(c.TxnID, t, ps); err != nil {
+				return fail(err)
+			}
+		}
+		return &Result{Decision: t.State, Txn: txnInfo(c.TxnID, t)}
 	}
 	if t == nil {
 		t = &TxnRecord{State: TxnPending, CreatedAt: s.now}
@@ -468,6 +473,40 @@ func (s *applyState) txnDecide(c *DecideCmd) *Result {
 		s.decideFinal(c.TxnID, false, firstNonEmpty(c.Reason, ReasonTC), c.Detail)
 		return s.decided(c.TxnID)
 	}
+}
+
+// addIslands merges into t, a decision already recorded, the participants
+// of other islands that ps names and t does not, and queues the decision
+// for fan-out to the islands it adds: as in lockd, a decide merges its
+// participants with the record, so that naming a forgotten island's keys
+// again tells that island the decision. Keys of this island add nothing:
+// the decision was applied here to everything the transaction held. A
+// record all islands had applied is taken off the retention timer
+// (ReopenedAt; the sweep drops the older entry) until the new ones apply it.
+func (s *applyState) addIslands(id string, t *TxnRecord, ps []Participant) *errcode.Error {
+	var add []Participant
+	for _, p := range ps {
+		if p.Backend != "" && !slices.Contains(t.Participants, p) {
+			add = append(add, p)
+		}
+	}
+	if len(add) == 0 {
+		return nil
+	}
+	if tooMany(t, add) {
+		return errcode.TxnTooLarge.With("a transaction holds at most %d keys", MaxParticipants)
+	}
+	wasDone := len(t.Unacked()) == 0
+	mergeParticipants(t, add)
+	if len(t.Unacked()) > 0 {
+		if wasDone {
+			t.ReopenedAt = s.now
+		}
+		s.put(bucketTxnFanout, timerKey(t.DecidedAt, []byte(id)), nil)
+		s.emit(Event{Kind: EventFanout, TxnID: id})
+	}
+	s.storeTxn(id, t)
+	return nil
 }
 
 func firstNonEmpty(a, b string) string {

@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"bytes"
 	"testing"
 
 	"github.com/raftlockd/raftlockd/errcode"
@@ -167,5 +168,110 @@ func TestResourceManagerTermsAndPreparedLocks(t *testing.T) {
 	c.Decide.Prepared = []string{"far"}
 	if r := h.one(c); r.Decision != TxnCommit {
 		t.Fatalf("another island's b is not this island's expired b: %+v", r)
+	}
+}
+
+func fanoutDue(h *harness) (due []string) {
+	_ = h.f.View(func(v *View) error {
+		v.FanoutEach(func(id string) bool { due = append(due, id); return true })
+		return nil
+	})
+	return due
+}
+
+// committedAndApplied records t1's commit, with the far island prepared,
+// and far's ack of it.
+func committedAndApplied(t *testing.T, h *harness) {
+	t.Helper()
+	c := decideCmd("t1", TxnCommit, remote("b"))
+	c.Decide.Prepared = []string{"far"}
+	if r := h.one(c); r.Err != nil || r.Decision != TxnCommit {
+		t.Fatalf("commit: %+v", r)
+	}
+	if r := h.one(&Command{Op: OpTxnAck, Ack: &AckCmd{TxnID: "t1", Backends: []string{"far"}}}); r.Err != nil {
+		t.Fatalf("ack: %+v", r)
+	}
+}
+
+// As in lockd, a decide merges its participants with the record even once
+// the transaction is decided: another island's keys the record did not name
+// join it, and the decision is queued for fan-out to that island until it
+// applies it. The record's retention starts again from that island's ack.
+func TestADecideAddsIslandsToADecidedTransaction(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(adoptRules())
+	committedAndApplied(t, h)
+	if due := fanoutDue(h); len(due) != 0 {
+		t.Fatalf("due before: %v", due)
+	}
+	h.now += 30_000
+	other := Participant{Namespace: "default", Key: "c", Backend: "other"}
+	r := h.one(decideCmd("t1", TxnCommit, remote("b"), other, local("late")))
+	if r.Err != nil || r.Decision != TxnCommit {
+		t.Fatalf("decide again: %+v", r)
+	}
+	if got := r.Txn.Participants; len(got) != 2 || got[0] != remote("b") || got[1] != other {
+		t.Fatalf("participants %+v: another island's key joins, this island's adds nothing", got)
+	}
+	if tr := txnOf(h, "t1"); len(tr.Unacked()) != 1 || tr.Unacked()[0] != "other" || tr.ReopenedAt != h.now {
+		t.Fatalf("record: %+v", tr)
+	}
+	if due := fanoutDue(h); len(due) != 1 || due[0] != "t1" {
+		t.Fatalf("fan-out due: %v", due)
+	}
+	wantCode(t, h.one(decideCmd("t1", TxnRollback, Participant{Namespace: "default", Key: "d", Backend: "third"})),
+		errcode.TxnCommitted)
+
+	// The retention counted from far's ack has passed: the record stays
+	// while the other island has not applied the decision, and after.
+	h.now += 40_000
+	if r := h.one(sweep()); r.Sweep.Forgotten != 0 || txnOf(h, "t1") == nil {
+		t.Fatalf("a record waiting for an island was forgotten: %+v", r.Sweep)
+	}
+	h.one(&Command{Op: OpTxnAck, Ack: &AckCmd{TxnID: "t1", Backends: []string{"other"}}})
+	if due := fanoutDue(h); len(due) != 0 {
+		t.Fatalf("due after every island applied it: %v", due)
+	}
+	h.now += 59_000
+	if h.one(sweep()); txnOf(h, "t1") == nil {
+		t.Fatal("forgotten before the retention from the last ack")
+	}
+	h.now += 2_000
+	if r := h.one(sweep()); r.Sweep.Forgotten != 1 || txnOf(h, "t1") != nil {
+		t.Fatalf("kept past the retention: %+v", r.Sweep)
+	}
+}
+
+// Until the island follows format 7, a decide on a decided transaction
+// changes nothing, as older builds apply it.
+func TestADecidedTransactionKeepsItsIslandsBeforeFormat7(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	committedAndApplied(t, h)
+	before := h.hashWithoutMeta()
+	r := h.one(decideCmd("t1", TxnCommit, Participant{Namespace: "default", Key: "c", Backend: "other"}))
+	if r.Err != nil || r.Decision != TxnCommit || len(r.Txn.Participants) != 1 {
+		t.Fatalf("decide again: %+v", r)
+	}
+	if after := h.hashWithoutMeta(); !bytes.Equal(before, after) || len(fanoutDue(h)) != 0 {
+		t.Fatal("the state changed")
+	}
+}
+
+// An island added and acknowledged before the first retention ended moves
+// the record's end to the retention after that acknowledgement.
+func TestAnAddedIslandsAckStartsTheRetentionAgain(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(adoptRules())
+	committedAndApplied(t, h)
+	h.now += 30_000
+	h.one(decideCmd("t1", TxnCommit, Participant{Namespace: "default", Key: "c", Backend: "other"}))
+	h.one(&Command{Op: OpTxnAck, Ack: &AckCmd{TxnID: "t1", Backends: []string{"other"}}})
+	h.now += 31_000 // past the retention from far's ack, not from other's
+	if h.one(sweep()); txnOf(h, "t1") == nil {
+		t.Fatal("forgotten by the retention of the first acknowledgement")
+	}
+	h.now += 30_000
+	if r := h.one(sweep()); r.Sweep.Forgotten != 1 || txnOf(h, "t1") != nil {
+		t.Fatalf("kept past the retention: %+v", r.Sweep)
 	}
 }

@@ -273,13 +273,27 @@ func (c *Coordinator) Decide(ctx context.Context, d Decision) (*fsm.TxnInfo, err
 		return nil, e
 	}
 	if rec != nil && rec.State != fsm.TxnPending {
-		if rec.State == d.State && len(rec.Unacked()) > 0 {
+		if rec.State != d.State {
+			return c.answer(rec, d.State)
+		}
+		info := recordInfo(rec)
+		if addsIslands(rec, d.Participants, c.island.BackendHash()) {
+			// The request names other islands' keys the record does
+			// not: they are merged into it and told the decision.
+			if unknown != nil {
+				return nil, unknown
+			}
+			if info, err = c.propose(ctx, &fsm.DecideCmd{TxnID: d.TxnID, State: d.State, Participants: d.Participants}); err != nil {
+				return nil, err
+			}
+		}
+		if len(unacked(info)) > 0 {
 			// A retry after txn_fanout_failed sends the decision again
 			// to the islands still missing it, and says whether they
 			// have it now.
-			return c.fanoutAgain(ctx, recordInfo(rec))
+			return c.fanoutAgain(ctx, info)
 		}
-		return c.answer(rec, d.State)
+		return info, nil
 	}
 	if unknown != nil {
 		return nil, unknown
@@ -306,6 +320,24 @@ func (c *Coordinator) fanoutAgain(ctx context.Context, info *fsm.TxnInfo) (*fsm.
 	c.fanning.Store(info.TxnID, struct{}{})
 	defer c.fanning.Delete(info.TxnID)
 	return info, c.fanout(ctx, info)
+}
+
+// addsIslands reports whether ps names a participant of another island that
+// the decided record rec does not hold.
+func addsIslands(rec *fsm.TxnRecord, ps []fsm.Participant, self string) bool {
+	for _, p := range ps {
+		if p.Backend != self && !slices.Contains(rec.Participants, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// unacked returns the islands other than this one that have not applied the
+// decision info describes.
+func unacked(info *fsm.TxnInfo) []string {
+	rec := fsm.TxnRecord{Participants: info.Participants, Acked: info.Acked}
+	return rec.Unacked()
 }
 
 // unknownIsland refuses participants on an island that no RM is registered

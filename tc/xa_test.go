@@ -1271,3 +1271,47 @@ func TestRegistryListIsUpdatedWhenAnIslandIsUnregistered(t *testing.T) {
 		t.Fatalf("list after the unregister at %d: %+v %v", removed.UpdatedAtUnix, list, err)
 	}
 }
+
+// As in lockd, a decide merges its participants with the record: naming an
+// island's keys after the transaction was decided without them tells that
+// island the decision, and the record lists them.
+func TestADecideOnADecidedTransactionReachesTheIslandsItAdds(t *testing.T) {
+	a, c := startIsland(t, "a"), startIsland(t, "c")
+	register(t, a, c)
+	testutil.WaitFor(t, 10*time.Second, "island a to follow this build's rules", func() bool {
+		return a.srv.Node().FSM().Rules() >= fsm.EntryFormat
+	})
+	ctx := context.Background()
+	txn := xid.New().String()
+	la, lc := acquire(t, a.client(), "ka", txn, "w"), acquire(t, c.client(), "kc", txn, "w")
+	stage(t, la, `{"n":"a1"}`)
+	stage(t, lc, `{"n":"c1"}`)
+	out, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateCommit,
+		Participants: []wire.TxnParticipant{part("ka", a)}})
+	if err != nil || out.State != wire.TxnStateCommit {
+		t.Fatalf("commit naming a's key only: %+v %v", out, err)
+	}
+	if got := publicDoc(t, c.client(), "kc"); got != "" {
+		t.Fatalf("c applied a decision it was not named in: %q", got)
+	}
+	out, err = a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateCommit,
+		Participants: []wire.TxnParticipant{part("ka", a), part("kc", c)}})
+	if err != nil || out.State != wire.TxnStateCommit {
+		t.Fatalf("commit naming c's key too: %+v %v", out, err)
+	}
+	if got := publicDoc(t, c.client(), "kc"); got != `{"n":"c1"}` {
+		t.Fatalf("c's key after the second commit: %q", got)
+	}
+	st, err := a.client().TxnStatus(ctx, txn)
+	if err != nil || len(st.Participants) != 2 || len(st.Acked) != 1 || st.Acked[0] != c.hash() {
+		t.Fatalf("coordinator status: %+v, %v", st, err)
+	}
+	if r := c.record(txn); r == nil || r.State != fsm.TxnCommit || r.Home != a.hash() {
+		t.Fatalf("c's record: %+v", r)
+	}
+	// The other decision still cannot be had, whatever it names.
+	_, err = a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateRollback,
+		Participants: []wire.TxnParticipant{part("kz", c)}})
+	wantCode(t, err, http.StatusConflict, "txn_committed")
+	clean(t, a, c)
+}
