@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/binary"
 	"encoding/hex"
 	"encoding/json"
@@ -247,12 +248,13 @@ func (s *applyState) planBlock(txs []BlockTx, height, id uint32) *blockPlan {
 			outs = append(outs, recKey(in.TxID[:], in.Vout))
 		}
 	}
-	if len(p.fails) > 0 {
-		return p
-	}
+	dups := len(p.fails)
 	b.prefetch(masters, outs)
 
 	for i, t := range txs {
+		if inBlock[t.TxID] != i {
+			continue // listed again: its failure is the repetition
+		}
 		txid := t.TxID[:]
 		idHex := hex.EncodeToString(txid)
 		// The transaction itself: created, or marked mined if it exists.
@@ -297,6 +299,9 @@ func (s *applyState) planBlock(txs []BlockTx, height, id uint32) *blockPlan {
 				p.fails = append(p.fails, it)
 			}
 		}
+	}
+	if dups > 0 {
+		slices.SortStableFunc(p.fails, func(a, b errcode.Item) int { return cmp.Compare(a.Index, b.Index) })
 	}
 	return p
 }

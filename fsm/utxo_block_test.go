@@ -134,6 +134,27 @@ func TestAFailingInputRejectsTheWholeBlock(t *testing.T) {
 	}
 }
 
+// A transaction listed twice fails as TX_EXISTS, and the block's other
+// failures are reported with it, in block order.
+func TestABlockListingATransactionTwiceReportsEveryFailure(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.ok(blockCmd(1, btx(1, 2)))
+	before := h.hashWithoutMeta()
+	r := h.one(blockCmd(2, btx(2, 1, [2]int{1, 0}), btx(3, 1, [2]int{1, 9}), btx(2, 1, [2]int{1, 1}), btx(4, 1, [2]int{1, 0})))
+	wantCode(t, r, errcode.BlockRejected)
+	var got []string
+	for _, it := range r.Err.Spends {
+		got = append(got, fmt.Sprintf("%d:%s", it.Index, it.Code))
+	}
+	want := []string{"1:" + wire.UTXONotFound, "2:" + wire.UTXOTxExists, "3:" + wire.UTXOSpent}
+	if !slices.Equal(got, want) {
+		t.Fatalf("failures %v, want %v", got, want)
+	}
+	if !bytes.Equal(before, h.hashWithoutMeta()) {
+		t.Fatal("a rejected block changed the state")
+	}
+}
+
 // Rolling back restores the state exactly as it was before the blocks,
 // transactions that existed before a block become unmined again, and the
 // blocks can be applied once more.
