@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"slices"
 	"strconv"
 	"testing"
 	"time"
@@ -157,4 +158,50 @@ func TestWritesContinueAfterTheLeaderStops(t *testing.T) {
 			}
 		}
 	}
+}
+
+// A server back from an absence gets the entries it missed at once. Raft
+// waits longer after every request that did not reach a server (up to
+// 10 s), so after a few seconds away the server would wait seconds more
+// for its first entry, and a cluster that then lost another server would
+// have no quorum for that long (a rolling restart).
+func TestAServerBackFromAnAbsenceGetsEntriesAtOnce(t *testing.T) {
+	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
+	nodes := startStaticAt(t, "boot-a", dirs, []string{"127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"})
+	leader := leaderOf(t, nodes)
+	gone := followers(nodes, leader)[0]
+	dir := dirs[slices.Index(nodes, gone)]
+	term := leader.raft.CurrentTerm()
+	for _, c := range []struct {
+		n    *Node
+		id   string
+		term uint64
+		want bool
+	}{{leader, gone.ID(), term, true}, {leader, "n9", term, false}, {leader, gone.ID(), term + 1, false},
+		{followers(nodes, leader)[1], gone.ID(), term, false}} {
+		if got := c.n.replicatesTo(raft.ServerID(c.id), c.term); got != c.want {
+			t.Fatalf("%s replicates to %s in term %d: %v", c.n.ID(), c.id, c.term, got)
+		}
+	}
+	if err := gone.Close(); err != nil {
+		t.Fatal(err)
+	}
+	acquire(t, leader, "while-away")
+	// The absence: long enough for raft's wait between attempts to grow
+	// past two seconds.
+	time.Sleep(6 * time.Second)
+	back := reopen(t, dir, gone, nil)
+	start := time.Now()
+	for {
+		var ok bool
+		_ = back.FSM().View(func(v *fsm.View) error { _, ok = v.Key("default", "while-away"); return nil })
+		if ok {
+			break
+		}
+		if took := time.Since(start); took > 1500*time.Millisecond {
+			t.Fatalf("the server had not got the entries it missed %v after it came back", took.Round(time.Millisecond))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	t.Logf("the server got the entries it missed %v after it came back", time.Since(start).Round(time.Millisecond))
 }

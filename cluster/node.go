@@ -337,6 +337,7 @@ func Open(cfg Config) (_ *Node, err error) {
 	})
 	n.raft.RegisterObserver(n.observer)
 	addrs.raft.Store(n.raft)
+	n.transport.setWanted(n.replicatesTo)
 	n.wg.Add(1)
 	go n.watchLeadership()
 	n.spawn(grants.run)
@@ -476,6 +477,25 @@ func (n *Node) Status() Status {
 func (n *Node) HasLeader() bool {
 	addr, _ := n.raft.LeaderWithID()
 	return addr != ""
+}
+
+// replicatesTo tells whether raft, leading in term, still replicates to
+// server id: this server leads in that term and id is in the latest
+// configuration.
+func (n *Node) replicatesTo(id raft.ServerID, term uint64) bool {
+	if n.raft.State() != raft.Leader || n.raft.CurrentTerm() != term {
+		return false
+	}
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return false
+	}
+	for _, s := range f.Configuration().Servers {
+		if s.ID == id {
+			return true
+		}
+	}
+	return false
 }
 
 // Snapshot asks raft to take a snapshot now.

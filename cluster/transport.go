@@ -8,8 +8,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/raft"
@@ -533,6 +535,7 @@ type raftTransport struct {
 	commit       atomic.Pointer[leaderCommit] // the latest a leader sent, while joining
 	votesRefused atomic.Int64                 // vote requests refused while joining
 	consumer     chan raft.RPC
+	wanted       atomic.Pointer[func(id raft.ServerID, term uint64) bool] // see AppendEntries
 	stop         chan struct{}
 	stopOnce     sync.Once
 	wg           sync.WaitGroup
@@ -660,6 +663,66 @@ func (t *raftTransport) shutHeartbeats() {
 	t.mu.Lock()
 	t.shut = true
 	t.mu.Unlock()
+}
+
+// retryEvery is how often a leader tries again to reach a server its
+// replication requests did not reach.
+const retryEvery = 50 * time.Millisecond
+
+// AppendEntries implements raft.Transport. A request that did not reach its
+// server is sent again every retryEvery for as long as raft would go on
+// sending it: while this server leads in the request's term and the server
+// is in the configuration (wanted). Raft itself waits longer after each
+// request that failed, up to 10 s, before it sends the next; a server back
+// from an absence of a few seconds would get no entry for seconds more, and
+// a cluster that meanwhile lost another server (a rolling restart) no
+// quorum. A request is idempotent, so sending it again is safe; one that
+// reached its server and failed there is answered as it is.
+func (t *raftTransport) AppendEntries(id raft.ServerID, target raft.ServerAddress, args *raft.AppendEntriesRequest, resp *raft.AppendEntriesResponse) error {
+	for {
+		err := t.NetworkTransport.AppendEntries(id, target, args, resp)
+		if err == nil || !unreached(err) || !t.retry(id, args.Term) {
+			return err
+		}
+	}
+}
+
+// setWanted tells AppendEntries whether raft still replicates to a server
+// in a term.
+func (t *raftTransport) setWanted(fn func(id raft.ServerID, term uint64) bool) { t.wanted.Store(&fn) }
+
+// retry waits retryEvery and says whether to send a request to id of term
+// again.
+func (t *raftTransport) retry(id raft.ServerID, term uint64) bool {
+	wanted := t.wanted.Load()
+	if wanted == nil {
+		return false
+	}
+	timer := time.NewTimer(retryEvery)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+	case <-t.stop:
+		return false
+	}
+	return (*wanted)(id, term)
+}
+
+// unreached tells whether err means that a request did not reach its
+// server, or that the server went away while answering: nothing refused
+// it.
+func unreached(err error) bool {
+	if errors.Is(err, ErrOtherIsland) || errors.Is(err, ErrOtherNode) {
+		return false
+	}
+	for _, e := range []error{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.ECONNABORTED, syscall.EHOSTUNREACH,
+		syscall.ENETUNREACH, syscall.EPIPE, syscall.ETIMEDOUT, io.EOF, io.ErrUnexpectedEOF, os.ErrDeadlineExceeded,
+		context.DeadlineExceeded, net.ErrClosed} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
 
 // AppendEntriesPipeline implements raft.Transport: raft then replicates

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -144,5 +145,54 @@ func TestRaftDialsAServerOfAnOlderBuildAsItExpects(t *testing.T) {
 	}
 	if string(got) != "IR" {
 		t.Fatalf("the server saw %q, want an island hello, then Raft as an older build expects", got)
+	}
+}
+
+// A replication request that does not reach its server is sent again for
+// as long as raft would send it (wanted), and answered with its error once
+// raft no longer would, or once the transport closes.
+func TestAnUnreachedRequestIsSentAgainWhileRaftWantsIt(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	down := raft.ServerAddress(ln.Addr().String())
+	ln.Close() // nothing listens there: every dial is refused
+	inner, err := raft.NewTCPTransport("127.0.0.1:0", nil, 2, time.Second, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := newRaftTransport(inner, false)
+	defer tr.Close()
+	var asked atomic.Int32
+	tr.setWanted(func(id raft.ServerID, term uint64) bool {
+		if id != "peer" || term != 7 {
+			t.Errorf("asked about %s in term %d", id, term)
+		}
+		return asked.Add(1) < 5
+	})
+	req := &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{Addr: []byte(inner.LocalAddr())}, Term: 7}
+	start := time.Now()
+	err = tr.AppendEntries("peer", down, req, &raft.AppendEntriesResponse{})
+	if !unreached(err) || asked.Load() != 5 || time.Since(start) < 4*retryEvery {
+		t.Fatalf("answered %v after %d questions in %v", err, asked.Load(), time.Since(start))
+	}
+
+	tr.setWanted(func(raft.ServerID, uint64) bool { return true })
+	errc := make(chan error, 1)
+	go func() { errc <- tr.AppendEntries("peer", down, req, &raft.AppendEntriesResponse{}) }()
+	select {
+	case err := <-errc:
+		t.Fatalf("answered while raft wants it sent: %v", err)
+	case <-time.After(5 * retryEvery):
+	}
+	tr.Close()
+	select {
+	case err := <-errc:
+		if err == nil {
+			t.Fatal("a request that never reached its server succeeded")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a closed transport still sends the request")
 	}
 }

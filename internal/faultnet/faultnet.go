@@ -275,7 +275,7 @@ func (f *Fabric) dial(ctx context.Context, from, addr string, wrapped bool, dial
 		case dead:
 			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}
 		case blocked:
-			return nil, fmt.Errorf("faultnet: %s cannot reach %s (partitioned)", from, dst)
+			return nil, fmt.Errorf("faultnet: %s cannot reach %s (partitioned): %w", from, dst, syscall.EHOSTUNREACH)
 		case frozen:
 			// A paused process dials nothing until it runs again.
 			select {
@@ -304,7 +304,7 @@ func (f *Fabric) dial(ctx context.Context, from, addr string, wrapped bool, dial
 	f.mu.Unlock()
 	if gone {
 		fc.Close()
-		return nil, fmt.Errorf("faultnet: %s lost its link to %s while dialing", from, dst)
+		return nil, fmt.Errorf("faultnet: %s lost its link to %s while dialing: %w", from, dst, syscall.ECONNRESET)
 	}
 	return fc, nil
 }
