@@ -205,3 +205,40 @@ func TestAServerBackFromAnAbsenceGetsEntriesAtOnce(t *testing.T) {
 	}
 	t.Logf("the server got the entries it missed %v after it came back", time.Since(start).Round(time.Millisecond))
 }
+
+// A follower counts as behind (and its /readyz says so) while more than
+// readySlack entries of the commit index its leader sent are left to apply;
+// a leader never is.
+func TestAFollowerFarFromItsLeadersCommitIsBehind(t *testing.T) {
+	nodes := startStatic(t, 3)
+	leader := leaderOf(t, nodes)
+	acquire(t, leader, "k")
+	f := followers(nodes, leader)[0]
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		applied, commit, behind := f.Behind()
+		if !behind && applied >= leader.FSM().Applied() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the follower stays behind: applied %d of %d", applied, commit)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if _, _, behind := leader.Behind(); behind {
+		t.Fatal("the leader is behind")
+	}
+	applied := f.FSM().Applied()
+	term := f.raft.CurrentTerm()
+	for _, c := range []struct {
+		sent   *leaderCommit
+		behind bool
+	}{{&leaderCommit{term: term, index: applied + readySlack + 1}, true},
+		{&leaderCommit{term: term, index: applied + readySlack}, false}} {
+		// (The leader's own requests carry lower indexes: they leave these.)
+		f.transport.commit.Store(c.sent)
+		if a, commit, behind := f.Behind(); behind != c.behind || a != applied {
+			t.Fatalf("sent %+v: applied %d of %d, behind %v", c.sent, a, commit, behind)
+		}
+	}
+}

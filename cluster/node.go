@@ -479,6 +479,27 @@ func (n *Node) HasLeader() bool {
 	return addr != ""
 }
 
+// readySlack is how many entries a follower may have left to apply of the
+// commit index its leader sent and still count as caught up: under load a
+// follower always has a few batches on their way to its state machine.
+const readySlack = 1024
+
+// Behind tells whether this server, a follower, has more than readySlack
+// entries left to apply of the commit index its leader last sent, or has
+// had no entries from a leader since it started; applied and commit say
+// how far it is. A leader is never behind.
+func (n *Node) Behind() (applied, commit uint64, behind bool) {
+	applied = n.fsm.Applied()
+	if n.IsLeader() {
+		return applied, applied, false
+	}
+	c := n.transport.commit.Load()
+	if c == nil {
+		return applied, 0, true
+	}
+	return applied, c.index, applied+readySlack < c.index
+}
+
 // replicatesTo tells whether raft, leading in term, still replicates to
 // server id: this server leads in that term and id is in the latest
 // configuration.

@@ -532,7 +532,7 @@ type raftTransport struct {
 	shut bool
 
 	joining      atomic.Bool
-	commit       atomic.Pointer[leaderCommit] // the latest a leader sent, while joining
+	commit       atomic.Pointer[leaderCommit] // the latest a leader sent (noteCommit)
 	votesRefused atomic.Int64                 // vote requests refused while joining
 	consumer     chan raft.RPC
 	wanted       atomic.Pointer[func(id raft.ServerID, term uint64) bool] // see AppendEntries
@@ -565,6 +565,7 @@ func (t *raftTransport) filter() {
 		select {
 		case rpc := <-in:
 			clampCommit(rpc)
+			t.noteCommit(rpc)
 			if t.refuse(rpc) {
 				continue
 			}
@@ -599,17 +600,30 @@ func clampCommit(rpc raft.RPC) {
 	req.LeaderCommitIndex = min(req.LeaderCommitIndex, proven)
 }
 
-// refuse answers a vote request itself while the server is joining, and
-// notes the commit index leaders send meanwhile.
+// noteCommit keeps the latest commit index a leader sent (as clampCommit
+// left it), or the index of a snapshot it installs: how far a server that
+// joins, or comes back, has to catch up.
+func (t *raftTransport) noteCommit(rpc raft.RPC) {
+	var term, index uint64
+	switch req := rpc.Command.(type) {
+	case *raft.AppendEntriesRequest:
+		term, index = req.Term, req.LeaderCommitIndex
+	case *raft.InstallSnapshotRequest:
+		term, index = req.Term, req.LastLogIndex
+	default:
+		return
+	}
+	if cur := t.commit.Load(); cur == nil || term > cur.term || term == cur.term && index > cur.index {
+		t.commit.Store(&leaderCommit{term: term, index: index})
+	}
+}
+
+// refuse answers a vote request itself while the server is joining.
 func (t *raftTransport) refuse(rpc raft.RPC) bool {
 	if !t.joining.Load() {
 		return false
 	}
-	switch req := rpc.Command.(type) {
-	case *raft.AppendEntriesRequest:
-		if cur := t.commit.Load(); cur == nil || req.Term > cur.term || req.Term == cur.term && req.LeaderCommitIndex > cur.index {
-			t.commit.Store(&leaderCommit{term: req.Term, index: req.LeaderCommitIndex})
-		}
+	switch rpc.Command.(type) {
 	case *raft.RequestVoteRequest, *raft.RequestPreVoteRequest:
 		t.votesRefused.Add(1)
 		rpc.Respond(nil, errJoining)

@@ -83,15 +83,23 @@ func waitRecv(t *testing.T, ch <-chan struct{}, what string) {
 	}
 }
 
-// Raft replicates without a pipeline: its pipelined replication can
-// deadlock (see raftTransport).
-func TestTransportOffersNoPipeline(t *testing.T) {
+// loopbackTransport is a raftTransport on a loopback port, closed when the
+// test ends.
+func loopbackTransport(t *testing.T) *raftTransport {
+	t.Helper()
 	inner, err := raft.NewTCPTransport("127.0.0.1:0", nil, 2, time.Second, io.Discard)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tr := newRaftTransport(inner, false)
-	defer tr.Close()
+	t.Cleanup(func() { tr.Close() })
+	return tr
+}
+
+// Raft replicates without a pipeline: its pipelined replication can
+// deadlock (see raftTransport).
+func TestTransportOffersNoPipeline(t *testing.T) {
+	tr := loopbackTransport(t)
 	if _, err := tr.AppendEntriesPipeline("peer", "127.0.0.1:1"); !errors.Is(err, raft.ErrPipelineReplicationNotSupported) {
 		t.Fatalf("a pipeline was offered: %v", err)
 	}
@@ -158,12 +166,7 @@ func TestAnUnreachedRequestIsSentAgainWhileRaftWantsIt(t *testing.T) {
 	}
 	down := raft.ServerAddress(ln.Addr().String())
 	ln.Close() // nothing listens there: every dial is refused
-	inner, err := raft.NewTCPTransport("127.0.0.1:0", nil, 2, time.Second, io.Discard)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tr := newRaftTransport(inner, false)
-	defer tr.Close()
+	tr := loopbackTransport(t)
 	var asked atomic.Int32
 	tr.setWanted(func(id raft.ServerID, term uint64) bool {
 		if id != "peer" || term != 7 {
@@ -171,7 +174,7 @@ func TestAnUnreachedRequestIsSentAgainWhileRaftWantsIt(t *testing.T) {
 		}
 		return asked.Add(1) < 5
 	})
-	req := &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{Addr: []byte(inner.LocalAddr())}, Term: 7}
+	req := &raft.AppendEntriesRequest{RPCHeader: raft.RPCHeader{Addr: []byte(tr.LocalAddr())}, Term: 7}
 	start := time.Now()
 	err = tr.AppendEntries("peer", down, req, &raft.AppendEntriesResponse{})
 	if !unreached(err) || asked.Load() != 5 || time.Since(start) < 4*retryEvery {
@@ -194,5 +197,26 @@ func TestAnUnreachedRequestIsSentAgainWhileRaftWantsIt(t *testing.T) {
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("a closed transport still sends the request")
+	}
+}
+
+// The transport keeps the latest commit index a leader sent, or the index
+// of the snapshot it installs, newest term first.
+func TestTheTransportNotesHowFarTheLeaderIs(t *testing.T) {
+	tr := loopbackTransport(t)
+	for _, c := range []struct {
+		cmd  any
+		want leaderCommit
+	}{
+		{&raft.AppendEntriesRequest{Term: 3, LeaderCommitIndex: 120}, leaderCommit{3, 120}},
+		{&raft.InstallSnapshotRequest{Term: 3, LastLogIndex: 500}, leaderCommit{3, 500}},
+		{&raft.AppendEntriesRequest{Term: 3, LeaderCommitIndex: 400}, leaderCommit{3, 500}},
+		{&raft.RequestVoteRequest{Term: 4}, leaderCommit{3, 500}},
+		{&raft.AppendEntriesRequest{Term: 4, LeaderCommitIndex: 450}, leaderCommit{4, 450}},
+	} {
+		tr.noteCommit(raft.RPC{Command: c.cmd})
+		if got := tr.commit.Load(); got == nil || *got != c.want {
+			t.Fatalf("after %T: %+v, want %+v", c.cmd, got, c.want)
+		}
 	}
 }

@@ -464,6 +464,11 @@ func (r readiness) Ready(ctx context.Context) error {
 		e.RetryAfter = 1
 		return e
 	}
+	if applied, commit, behind := r.node.Behind(); behind {
+		e := errcode.NotReady.With("catching up: applied entry %d of the leader's %d", applied, commit)
+		e.RetryAfter = 1
+		return e
+	}
 	return nil
 }
 

@@ -81,10 +81,11 @@ func newHealthCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "health",
 		Short: "Probe a server's readiness (or liveness) and exit 0 or 1",
-		Long: `Probe a raftlockd server: GET /readyz (the node knows a Raft leader), or
-GET /healthz with --live (the process serves HTTP). Exits 0 when the probe
-answers 200 and 1 otherwise, printing why, so that it can serve as a
-container health check in an image without a shell.
+		Long: `Probe a raftlockd server: GET /readyz (the node knows a Raft leader and
+has caught up with it), or GET /healthz with --live (the process serves
+HTTP). Exits 0 when the probe answers 200 and 1 otherwise, printing why,
+so that it can serve as a container health check in an image without a
+shell.
 
 Without --server it probes the address in RAFTLOCKD_LISTEN (loopback when
 that is 0.0.0.0 or [::]), else 127.0.0.1:9341. That address, and a --server

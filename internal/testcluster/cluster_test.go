@@ -478,10 +478,10 @@ func TestARestartedServerWithdrawsTheRequestsItsCrashLeftWaiting(t *testing.T) {
 }
 
 // A rolling restart that moves on once the restarted server is ready
-// (/readyz: it knows a leader) keeps a quorum: the restarted server gets
-// what it missed at once, so when the next server stops, a write needs it
-// and gets it. (Raft's own backoff would have left it without entries for
-// seconds after an absence of a few.)
+// (/readyz: it knows a leader and has caught up) keeps a quorum: the
+// restarted server gets what it missed at once, so when the next server
+// stops, a write needs it and gets it. (Raft's own backoff would have left
+// it without entries for seconds after an absence of a few.)
 func TestARollingRestartGatedOnReadinessKeepsAQuorum(t *testing.T) {
 	c := Start(t, 3)
 	leader := c.WaitLeader(10 * time.Second)
