@@ -466,6 +466,9 @@ func (r readiness) Ready(ctx context.Context) error {
 	}
 	if applied, commit, behind := r.node.Behind(); behind {
 		e := errcode.NotReady.With("catching up: applied entry %d of the leader's %d", applied, commit)
+		if commit == 0 {
+			e = errcode.NotReady.With("catching up: no entries from the leader yet")
+		}
 		e.RetryAfter = 1
 		return e
 	}
