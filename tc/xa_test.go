@@ -1309,9 +1309,18 @@ func TestADecideOnADecidedTransactionReachesTheIslandsItAdds(t *testing.T) {
 	if r := c.record(txn); r == nil || r.State != fsm.TxnCommit || r.Home != a.hash() {
 		t.Fatalf("c's record: %+v", r)
 	}
-	// The other decision still cannot be had, whatever it names.
+	// The other decision still cannot be had, whatever it names; an island
+	// no RM is registered for is refused, and the record stays as it was.
 	_, err = a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateRollback,
 		Participants: []wire.TxnParticipant{part("kz", c)}})
 	wantCode(t, err, http.StatusConflict, "txn_committed")
+	nowhere := part("kx", c)
+	nowhere.BackendHash = "nowhere"
+	_, err = a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateCommit,
+		Participants: []wire.TxnParticipant{nowhere}})
+	wantCode(t, err, http.StatusConflict, "txn_backend_unknown")
+	if r := a.record(txn); len(r.Participants) != 2 || len(r.Unacked()) != 0 {
+		t.Fatalf("a's record after the refused decide: %+v", r)
+	}
 	clean(t, a, c)
 }
