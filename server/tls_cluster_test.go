@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -277,6 +278,29 @@ func rawPeer(t *testing.T, addr string, cfg *tls.Config) (answered []byte, err e
 	return buf[:n], err
 }
 
+// postRetrying posts body to url as a lockd client does: a 503 that says
+// when to retry (a node between leaders, a forward that timed out on a busy
+// machine) is sent again after that time, for up to 15 s. Any other answer
+// is returned with its body read.
+func postRetrying(t *testing.T, hc *http.Client, url, body string) (*http.Response, []byte) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		resp, err := hc.Post(url, "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		after, _ := strconv.Atoi(resp.Header.Get("Retry-After"))
+		if resp.StatusCode != http.StatusServiceUnavailable || after <= 0 || time.Now().After(deadline) {
+			return resp, got
+		}
+		t.Logf("POST %s: 503 %s; retrying in %d s", url, got, after)
+		time.Sleep(time.Duration(after) * time.Second)
+	}
+}
+
 // A cluster whose nodes talk only TLS: writes on a follower are forwarded
 // to the leader, coordinator requests too, the leader fails over, and the
 // Raft port does not speak to anyone without a server certificate of the
@@ -293,13 +317,7 @@ func TestClusterTalksOnlyTLS(t *testing.T) {
 	// A write on a follower is forwarded to the leader over the cluster's
 	// TLS channel.
 	hc := certClient(t, testutil.ClientBundle(t))
-	resp, err := hc.Post(followerURL+"/v1/acquire", "application/json",
-		strings.NewReader(`{"key":"fwd","owner":"a","ttl_seconds":60}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
+	resp, _ := postRetrying(t, hc, followerURL+"/v1/acquire", `{"key":"fwd","owner":"a","ttl_seconds":60}`)
 	if resp.StatusCode != http.StatusOK || resp.Header.Get(wire.HeaderServedBy) != c.nodes[f].cfg.NodeID {
 		t.Fatalf("acquire on follower %s: %d, served by %q", c.nodes[f].cfg.NodeID, resp.StatusCode, resp.Header.Get(wire.HeaderServedBy))
 	}
@@ -310,13 +328,7 @@ func TestClusterTalksOnlyTLS(t *testing.T) {
 	// A coordinator request on a follower is handed to the leader's API
 	// over HTTPS, the follower presenting its server certificate.
 	tcc := certClient(t, testutil.Issue(t, nil, auth.RoleTCClient, auth.IssueOptions{}))
-	resp, err = tcc.Post(followerURL+"/v1/txn/decide", "application/json",
-		strings.NewReader(`{"txn_id":"`+xid.New().String()+`","state":"rollback"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
+	resp, body := postRetrying(t, tcc, followerURL+"/v1/txn/decide", `{"txn_id":"`+xid.New().String()+`","state":"rollback"}`)
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("decide on a follower: %d %s", resp.StatusCode, body)
 	}
