@@ -65,6 +65,10 @@ func (r reader) rules() int {
 	return formatV1
 }
 
+// decideAddsIslands reports whether the island's rules (format 7 on) have
+// a decide on a decided transaction add the other islands it names.
+func (r reader) decideAddsIslands() bool { return r.rules() >= formatV7 }
+
 func (r reader) txn(id string) *TxnRecord {
 	if id == "" {
 		return nil

@@ -28,6 +28,11 @@ func (v *View) Delivering(ns, queue, id, leaseID string) bool {
 	return m.Lease != nil && m.Lease.ID == leaseID
 }
 
+// DecideAddsIslands reports whether a decide on a decided transaction adds
+// the other islands it names to the record (from rules of format 7 on);
+// before that it changes nothing.
+func (v *View) DecideAddsIslands() bool { return v.decideAddsIslands() }
+
 // Txn returns the transaction record of id, or nil.
 func (v *View) Txn(id string) *TxnRecord { return v.txn(id) }
 

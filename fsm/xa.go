@@ -417,7 +417,7 @@ func (s *applyState) txnDecide(c *DecideCmd) *Result {
 		if c.State != t.State {
 			return fail(decidedErr(t))
 		}
-		if s.rules() >= formatV7 {
+		if s.decideAddsIslands() {
 			if err := s.addIslands(c.TxnID, t, ps); err != nil {
 				return fail(err)
 			}

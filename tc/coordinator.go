@@ -260,8 +260,10 @@ func (c *Coordinator) Decide(ctx context.Context, d Decision) (*fsm.TxnInfo, err
 	// One read gives the record and whether every island named is known.
 	var rec *fsm.TxnRecord
 	var unknown error
+	var merges bool
 	err = c.store.Read(ctx, func(v *fsm.View) error {
 		rec, unknown = txnRecord(v, d.TxnID), c.unknownIsland(v, d.Participants)
+		merges = v.DecideAddsIslands()
 		return nil
 	})
 	if err != nil {
@@ -277,9 +279,11 @@ func (c *Coordinator) Decide(ctx context.Context, d Decision) (*fsm.TxnInfo, err
 			return c.answer(rec, d.State)
 		}
 		info := recordInfo(rec)
-		if addsIslands(rec, d.Participants, c.island.BackendHash()) {
+		if merges && addsIslands(rec, d.Participants, c.island.BackendHash()) {
 			// The request names other islands' keys the record does
-			// not: they are merged into it and told the decision.
+			// not: they are merged into it and told the decision
+			// (before the island follows format 7 such a decide changes
+			// nothing, and nothing is proposed).
 			if unknown != nil {
 				return nil, unknown
 			}

@@ -225,3 +225,57 @@ func TestRegisterPassesOnTheRecordedTime(t *testing.T) {
 		t.Fatalf("the same removal passed on again: %+v %v, %d calls", info, err, len(remote.to("https://b1")))
 	}
 }
+
+// applyingRemote applies every decision it is sent, and records where.
+type applyingRemote struct {
+	Remote
+	mu      sync.Mutex
+	applied []string
+}
+
+func (r *applyingRemote) Apply(_ context.Context, at string, req wire.TxnDecisionRequest) (wire.TxnDecisionResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.applied = append(r.applied, at)
+	return wire.TxnDecisionResponse{TxnID: req.TxnID, State: req.State}, nil
+}
+
+// Before the island follows format 7, a decide on a decided transaction
+// that names another island's key changes nothing, so the coordinator
+// proposes nothing and tells nobody; from format 7 on it adds the island
+// and tells it the decision.
+func TestARepeatedDecideAddsIslandsOnlyUnderFormat7(t *testing.T) {
+	now := time.UnixMilli(50_000_000)
+	store := newApplyStore(t, now)
+	remote := &applyingRemote{}
+	c := New(store, fixedIsland{"a", []string{"https://a1"}}, remote, store, Config{FanoutAttempts: 1})
+	ctx := context.Background()
+	if _, err := c.Register(ctx, fsm.RMRegisterCmd{Backend: "b", Endpoint: "https://b1", PassedOn: true, ChangedAt: 1_000}); err != nil {
+		t.Fatal(err)
+	}
+	txn := "d4u1jq0n4ncs73cnv2f0"
+	if _, err := c.Decide(ctx, Decision{TxnID: txn, State: fsm.TxnRollback,
+		Participants: []fsm.Participant{{Namespace: "default", Key: "ka"}}}); err != nil {
+		t.Fatal(err)
+	}
+	naming := Decision{TxnID: txn, State: fsm.TxnRollback,
+		Participants: []fsm.Participant{{Namespace: "default", Key: "ka"}, {Backend: "b", Namespace: "default", Key: "kb"}}}
+	before := store.index
+	info, err := c.Decide(ctx, naming)
+	if err != nil || info.State != fsm.TxnRollback || len(info.Participants) != 1 {
+		t.Fatalf("the repeated decide before format 7: %+v %v", info, err)
+	}
+	if store.index != before || len(remote.applied) != 0 {
+		t.Fatalf("before format 7 the repeated decide proposed %d entries and told %v", store.index-before, remote.applied)
+	}
+	if _, err := store.Propose(ctx, &fsm.Command{Op: fsm.OpSweep, Sweep: &fsm.SweepCmd{Limit: 1, Format: fsm.EntryFormat}}); err != nil {
+		t.Fatal(err)
+	}
+	info, err = c.Decide(ctx, naming)
+	if err != nil || len(info.Participants) != 2 || len(info.Acked) != 1 || info.Acked[0] != "b" {
+		t.Fatalf("the repeated decide under format 7: %+v %v", info, err)
+	}
+	if len(remote.applied) != 1 || remote.applied[0] != "https://b1" {
+		t.Fatalf("the decision was sent to %v", remote.applied)
+	}
+}
