@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -174,6 +175,10 @@ func (c *Chain) ApplyBlock(ctx context.Context, req wire.UTXOBlockRequest) (*wir
 	}
 	if hash == prev {
 		return nil, errcode.InvalidUTXOBlock.With("a block cannot be its own prev_hash")
+	}
+	if req.Height == math.MaxUint32 {
+		// No block could follow it: heights are 32 bits.
+		return nil, errcode.InvalidUTXOBlock.With("height %d: a block's height is below %d", req.Height, uint32(math.MaxUint32))
 	}
 	txs, err := blockTxs(req)
 	if err != nil {

@@ -3,6 +3,7 @@ package rm
 import (
 	"context"
 	"errors"
+	"math"
 	"testing"
 
 	"github.com/raftlockd/raftlockd/errcode"
@@ -81,6 +82,7 @@ func TestBadBlocksAreRefusedBeforeRaft(t *testing.T) {
 		"vout order": {func(b *wire.UTXOBlockRequest) { b.Txs[0].Outputs[1].Vout = b.Txs[0].Outputs[0].Vout },
 			errcode.DuplicateVout},
 		"its own prev":  {func(b *wire.UTXOBlockRequest) { b.PrevHash = b.Hash }, errcode.InvalidUTXOBlock},
+		"last height":   {func(b *wire.UTXOBlockRequest) { b.Height = math.MaxUint32 }, errcode.InvalidUTXOBlock},
 		"vout too high": {func(b *wire.UTXOBlockRequest) { b.Txs[0].Outputs[1].Vout = fsm.MaxBlockVout + 1 }, errcode.InvalidUTXOBlock},
 		"coinbase with inputs": {func(b *wire.UTXOBlockRequest) {
 			b.Txs[0].Coinbase = true
