@@ -69,6 +69,11 @@ func checkStateFile(path string, contents bool) (applied uint64, err error) {
 				return errcode.InvalidSnapshot.With("not a raftlockd state file: malformed applied index")
 			}
 			applied = u64(v)
+			// A state whose rules this build does not know would be applied
+			// by the rules it knows, unlike the servers that raised them.
+			if rules := u64(tx.Bucket(bucketMeta).Get(metaRules)); rules > EntryFormat {
+				return errcode.InvalidSnapshot.With("the state follows the rules of entry format %d; this build applies up to %d: upgrade this node", rules, EntryFormat)
+			}
 			// The records Apply decodes must decode: a bad one would stop
 			// every node that installed the file.
 			for _, rec := range recordChecks {
@@ -204,12 +209,12 @@ func walk(b *bolt.Bucket) error {
 // what must only move forward: every key's fencing counter is raised to at
 // least its current value (a key the file does not know gets a record that
 // holds only its counter), so is every message's the file holds, the
-// replicated clock, the coordinators' terms and the island's voter
-// high-water mark to at least the current ones, the file's denylist gets
-// the current one's serials, its trust list loses the CAs removed from the
-// current one, and the island keeps its backend hash and its own registry
-// entry. Documents, versions, leases, queues and transactions
-// are the file's. The caller must keep commands from being applied between
+// replicated clock, the coordinators' terms, the island's voter high-water
+// mark and the rules it follows to at least the current ones, the file's
+// denylist gets the current one's serials, its trust list loses the CAs
+// removed from the current one, and the island keeps its backend hash and
+// its own registry entry. Documents, versions, leases, queues and
+// transactions are the file's. The caller must keep commands from being applied between
 // this call and the restore.
 func (f *FSM) PrepareRestore(path string) error {
 	return guard(func() error {
@@ -267,10 +272,13 @@ func (f *FSM) PrepareRestore(path string) error {
 						return err
 					}
 				}
-				// The island's voter high-water mark only rises too.
-				if voters := u64(cur.b(bucketMeta).Get(metaVoters)); voters > u64(meta.Get(metaVoters)) {
-					if err := meta.Put(metaVoters, putU64(voters)); err != nil {
-						return err
+				// The island's voter high-water mark only rises too, and so
+				// do the rules it follows.
+				for _, k := range [][]byte{metaVoters, metaRules} {
+					if v := u64(cur.b(bucketMeta).Get(k)); v > u64(meta.Get(k)) {
+						if err := meta.Put(k, putU64(v)); err != nil {
+							return err
+						}
 					}
 				}
 				if backend := cur.b(bucketMeta).Get(metaBackend); len(backend) > 0 {

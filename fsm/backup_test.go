@@ -440,3 +440,45 @@ func restoreBackup(t *testing.T, h *harness, path string) {
 	}
 	h.index = h.f.Applied()
 }
+
+// A restore never lowers the rules the island follows: a backup taken
+// before the island adopted this build's format is restored under them.
+// A state file that follows rules newer than this build's is refused.
+func TestRestoreKeepsTheRulesAndRefusesNewerOnes(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	l := mustLease(t, h.one(acq("k", "t1", "r1", 60_000, 0)))
+	h.one(release(l, false))
+	old := snapshotFile(t, h)
+	h.one(adoptRules())
+	if err := h.f.PrepareRestore(old); err != nil {
+		t.Fatal(err)
+	}
+	dst := openHarness(t, t.TempDir())
+	f, err := os.Open(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if err := dst.f.Restore(f); err != nil {
+		t.Fatal(err)
+	}
+	if got := dst.f.Rules(); got != EntryFormat {
+		t.Fatalf("rules after restoring a backup of rules %d: %d, want %d", formatV1, got, EntryFormat)
+	}
+
+	newer := snapshotFile(t, h)
+	db, err := bolt.Open(newer, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMeta).Put(metaRules, putU64(EntryFormat+1))
+	})
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := CheckBackupFile(newer); !errors.Is(err, errcode.InvalidSnapshot) || !strings.Contains(err.Error(), "upgrade") {
+		t.Fatalf("a state of newer rules: %v, want invalid_snapshot saying to upgrade", err)
+	}
+}
