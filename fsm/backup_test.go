@@ -450,19 +450,8 @@ func TestRestoreKeepsTheRulesAndRefusesNewerOnes(t *testing.T) {
 	h.one(release(l, false))
 	old := snapshotFile(t, h)
 	h.one(adoptRules())
-	if err := h.f.PrepareRestore(old); err != nil {
-		t.Fatal(err)
-	}
-	dst := openHarness(t, t.TempDir())
-	f, err := os.Open(old)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	if err := dst.f.Restore(f); err != nil {
-		t.Fatal(err)
-	}
-	if got := dst.f.Rules(); got != EntryFormat {
+	restoreBackup(t, h, old)
+	if got := h.f.Rules(); got != EntryFormat {
 		t.Fatalf("rules after restoring a backup of rules %d: %d, want %d", formatV1, got, EntryFormat)
 	}
 
