@@ -233,6 +233,8 @@ func TestAcquireRejectsBadInput(t *testing.T) {
 		// Not turned into U+FFFD, which would make it another request's key.
 		{"invalid UTF-8 key", "{\"key\":\"a\xffb\",\"owner\":\"o\"}", "", nil, 400, "invalid_body"},
 		{"invalid UTF-8 owner", "{\"key\":\"a\",\"owner\":\"o\xff\"}", "", nil, 400, "invalid_body"},
+		{"lone surrogate key", `{"key":"a\ud800","owner":"o"}`, "", nil, 400, "invalid_body"},
+		{"lone low surrogate owner", `{"key":"a","owner":"o\udfff"}`, "", nil, 400, "invalid_body"},
 		{"long key", `{"key":"` + strings.Repeat("k", 600) + `","owner":"o"}`, "", nil, 400, "invalid_key"},
 		{"message-shaped key", `{"key":"q/jobs/msg/m1","owner":"o"}`, "", nil, 400, "invalid_key"},
 		{"oversize body", `{"key":"a","owner":"` + strings.Repeat("o", 70<<10) + `"}`, "", nil, 413, "request_too_large"},

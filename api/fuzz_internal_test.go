@@ -201,6 +201,31 @@ func FuzzEnqueueMultipart(f *testing.F) {
 	})
 }
 
+// An escaped half of a UTF-16 surrogate pair on its own is found wherever
+// it is; a whole pair, an escaped backslash before a "u" and other escapes
+// are not lone surrogates.
+func TestLoneSurrogate(t *testing.T) {
+	for in, want := range map[string]bool{
+		`{"k":"a"}`:                  false,
+		`{"k":"\ud83d\ude00"}`:       false,
+		`"\uD83D\uDE00"`:             false,
+		`{"k":"\\ud800"}`:            false,
+		`{"k":"\u00e9\n\t"}`:         false,
+		`"\u12"`:                     false,
+		`{"k":"\ud800"}`:             true,
+		`{"k":"\udc00"}`:             true,
+		`{"k":"\ud83d\ud83d\ude00"}`: true,
+		`{"k":"\ud83d\n"}`:           true,
+		`{"k":"\\\ud800"}`:           true,
+		`"\ud800x"`:                  true,
+		`"\ud83d\ude00x\ud800`:       true,
+	} {
+		if got := loneSurrogate([]byte(in)); got != want {
+			t.Errorf("%s: %v, want %v", in, got, want)
+		}
+	}
+}
+
 // FuzzDecodeJSON decodes arbitrary bodies as every JSON request of the API:
 // nothing panics, a rejection is invalid_body (400) or request_too_large
 // (413), and an accepted body decodes to a value that encodes and decodes

@@ -129,6 +129,10 @@ func decodeStrict(raw []byte, v any, what string) error {
 	if !utf8.Valid(raw) {
 		return errcode.InvalidBody.With("the %s is not valid UTF-8", what)
 	}
+	// So would an escaped half of a UTF-16 surrogate pair on its own.
+	if loneSurrogate(raw) {
+		return errcode.InvalidBody.With("the %s escapes half of a UTF-16 surrogate pair (\\uD800-\\uDFFF) on its own", what)
+	}
 	dec := json.NewDecoder(bytes.NewReader(raw))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
@@ -139,6 +143,44 @@ func decodeStrict(raw []byte, v any, what string) error {
 		return errcode.InvalidBody.With("unexpected data after the %s object", what)
 	}
 	return nil
+}
+
+// loneSurrogate reports whether raw, JSON text, has a \\u escape of a
+// UTF-16 surrogate that is not half of a high-low pair.
+func loneSurrogate(raw []byte) bool {
+	if !bytes.Contains(raw, []byte(`\u`)) {
+		return false
+	}
+	high := false // the escape just read is a high surrogate
+	for i := 0; i < len(raw); i++ {
+		if raw[i] != '\\' {
+			if high {
+				return true
+			}
+			continue
+		}
+		i++
+		r, ok := escapedRune(raw, i)
+		low := ok && r >= 0xDC00 && r <= 0xDFFF
+		if low != high {
+			return true // a high surrogate not followed by a low one, or a low one alone
+		}
+		if !ok {
+			continue // another escape, or a malformed one the decoder refuses
+		}
+		high = !low && r >= 0xD800 && r <= 0xDBFF
+		i += 4
+	}
+	return high
+}
+
+// escapedRune reads the code unit of the \\u escape whose 'u' is at raw[i].
+func escapedRune(raw []byte, i int) (rune, bool) {
+	if i+4 >= len(raw) || raw[i] != 'u' {
+		return 0, false
+	}
+	v, err := strconv.ParseUint(string(raw[i+1:i+5]), 16, 16)
+	return rune(v), err == nil
 }
 
 // rawJSON drops an absent or null JSON value.
