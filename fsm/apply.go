@@ -637,7 +637,7 @@ func (s *applyState) decideFinal(txn string, commit bool, reason, detail string)
 		s.put(bucketTxnFanout, timerKey(s.now, []byte(txn)), nil)
 		s.emit(Event{Kind: EventFanout, TxnID: txn})
 	} else {
-		s.put(bucketTxnDone, timerKey(s.now, []byte(txn)), nil)
+		s.retain(txn, t)
 	}
 	s.putJSON(bucketTxns, []byte(txn), t)
 	for _, wk := range s.txnWaiters(txn) {
@@ -750,7 +750,7 @@ func (s *applyState) sweep(c *SweepCmd) *Result {
 		budget--
 		at, id := splitTimer(tk)
 		s.del(bucketTxnDone, tk)
-		if t := s.txn(string(id)); t != nil && (len(t.Unacked()) > 0 || t.ReopenedAt > at) {
+		if t := s.txn(string(id)); t != nil && t.retainedPast(at) {
 			continue // islands were added since: their last ack starts the retention again
 		}
 		s.del(bucketTxns, id)

@@ -79,16 +79,25 @@ const formatV6 = 6
 // record and sends them the decision. It is framed as formatV1.
 const formatV7 = 7
 
+// formatV8 is the first byte of a command only builds of entry format 8
+// apply: a sweep that raises the island's rules to format 8, from which on
+// a decision record notes when every island had applied it (DoneAt), and
+// the record's retention counts from that moment alone. It is framed as
+// formatV1.
+const formatV8 = 8
+
 // EntryFormat is the newest entry format this build applies. Nodes announce
 // it; a leader packs commands, and a server proposes drop_waits, prune
 // passes that keep the tip and forget_keys, only when every server
 // announces it (gossip); an entry of a newer format stops the node (apply).
-const EntryFormat = formatV7
+const EntryFormat = formatV8
 
 // format is the first byte of c's encoding: the oldest entry format whose
 // builds apply c as this one does.
 func (c *Command) format() byte {
 	switch {
+	case c.Sweep != nil && c.Sweep.Format >= formatV8:
+		return formatV8
 	case c.Sweep != nil && c.Sweep.Format >= formatV7:
 		return formatV7
 	case c.Sweep != nil && c.Sweep.Format >= formatV6:

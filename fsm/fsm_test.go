@@ -924,7 +924,9 @@ func TestMalformedEntriesAreRejectedDeterministically(t *testing.T) {
 		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV6}}, formatV1},
 		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV6}}, formatV5},
 		{sweep(), formatV7},
-		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV7}}, formatV6}} {
+		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV7}}, formatV6},
+		{sweep(), formatV8},
+		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV8}}, formatV7}} {
 		data, err := Encode(c.cmd)
 		if err != nil {
 			t.Fatal(err)

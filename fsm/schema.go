@@ -137,6 +137,21 @@ type TxnRecord struct {
 	Prepared     []string      `json:"prepared,omitempty"`
 	Acked        []string      `json:"acked,omitempty"`
 	ReopenedAt   int64         `json:"reopened_at,omitempty"` // islands were added after every island had applied the decision
+	DoneAt       int64         `json:"done_at,omitempty"`     // every island had applied the decision (rules of format 8 on)
+}
+
+// retainedPast reports whether the retention of t, decided and applied
+// everywhere, started after at: islands were added to it since the timer
+// set at at, and acknowledged it later (DoneAt, from rules format 8 on) or
+// not yet; before format 8 only a reopening after at counts.
+func (t *TxnRecord) retainedPast(at int64) bool {
+	if len(t.Unacked()) > 0 {
+		return true
+	}
+	if t.DoneAt != 0 {
+		return t.DoneAt > at
+	}
+	return t.ReopenedAt > at
 }
 
 // has reports whether (ns, key) of this island takes part in t.

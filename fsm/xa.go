@@ -651,10 +651,20 @@ func (s *applyState) txnAck(c *AckCmd) *Result {
 	}
 	if len(t.Unacked()) == 0 {
 		s.del(bucketTxnFanout, timerKey(t.DecidedAt, []byte(c.TxnID)))
-		s.put(bucketTxnDone, timerKey(s.now, []byte(c.TxnID)), nil)
+		s.retain(c.TxnID, t)
 	}
 	s.storeTxn(c.TxnID, t)
 	return &Result{Decision: t.State, Txn: txnInfo(c.TxnID, t)}
+}
+
+// retain starts the retention of t, a decision every island has applied:
+// the sweep forgets it once the retention has passed since now, unless
+// islands were added since.
+func (s *applyState) retain(id string, t *TxnRecord) {
+	s.put(bucketTxnDone, timerKey(s.now, []byte(id)), nil)
+	if s.rules() >= formatV8 {
+		t.DoneAt = s.now
+	}
 }
 
 func (s *applyState) rmRegister(c *RMRegisterCmd) *Result {

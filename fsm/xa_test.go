@@ -275,3 +275,29 @@ func TestAnAddedIslandsAckStartsTheRetentionAgain(t *testing.T) {
 		t.Fatalf("kept past the retention: %+v", r.Sweep)
 	}
 }
+
+// An island added in the same millisecond as the acknowledgement that
+// completed the decision, and acknowledged later, still starts the
+// retention again from its own acknowledgement once the island follows
+// format 8 (the record notes when it was applied everywhere); under format
+// 7 the record is forgotten one retention after the first, as builds of
+// that format do.
+func TestAnIslandAddedInTheSameMillisecondStartsTheRetentionAgain(t *testing.T) {
+	for _, rules := range []int{formatV7, formatV8} {
+		h := openHarness(t, t.TempDir())
+		h.one(&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: rules}})
+		committedAndApplied(t, h)
+		h.one(decideCmd("t1", TxnCommit, Participant{Namespace: "default", Key: "c", Backend: "other"}))
+		h.now += 10_000
+		h.one(&Command{Op: OpTxnAck, Ack: &AckCmd{TxnID: "t1", Backends: []string{"other"}}})
+		h.now += 51_000 // past the retention from far's ack, not from other's
+		h.one(sweep())
+		if kept := txnOf(h, "t1") != nil; kept != (rules >= formatV8) {
+			t.Fatalf("rules %d: kept %v one retention after the first acknowledgement", rules, kept)
+		}
+		h.now += 10_000
+		if h.one(sweep()); txnOf(h, "t1") != nil {
+			t.Fatalf("rules %d: kept past the retention from the last acknowledgement", rules)
+		}
+	}
+}
