@@ -716,6 +716,20 @@ func TestUTXORollbackNeedsItsHeight(t *testing.T) {
 	}
 }
 
+// A prune pass takes no parameters: an empty body or {} runs it, anything
+// else is invalid_body, as on every other JSON endpoint.
+func TestUTXOPruneTakesNoBody(t *testing.T) {
+	e := newEnv(t)
+	for _, body := range []string{"", "{}"} {
+		if r := e.do(http.MethodPost, "/v1/utxo/prune", nil, body); r.status != 200 {
+			t.Fatalf("prune with %q: %d %s", body, r.status, r.body)
+		}
+	}
+	for _, body := range []string{"garbage", `{"limit":5}`, "[]", "{} {}"} {
+		wantErr(t, e.do(http.MethodPost, "/v1/utxo/prune", nil, body), http.StatusBadRequest, "invalid_body")
+	}
+}
+
 // A correlation id is echoed up to 128 bytes; a longer one is replaced.
 func TestCorrelationIDLimit(t *testing.T) {
 	e := newEnv(t)

@@ -53,7 +53,8 @@ func writing[Req, Resp any](call func(context.Context, Req) (*Resp, error)) func
 }
 
 func (h *handler) utxoPrune(w http.ResponseWriter, r *http.Request) error {
-	if _, err := readBody(w, r, h.MaxBodyBytes); err != nil {
+	// The pass takes no parameters: an empty body or {}.
+	if err := h.decodeJSON(w, r, &struct{}{}); err != nil {
 		return err
 	}
 	if err := permit(r.Context(), wire.UTXONamespace, true); err != nil {
