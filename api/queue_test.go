@@ -335,6 +335,10 @@ func TestQueueErrors(t *testing.T) {
 	for _, path := range []string{"/v1/queue/ack", "/v1/queue/nack", "/v1/queue/extend"} {
 		wantErr(t, e.post(path, nil, body(func(b map[string]any) { delete(b, "queue") })), http.StatusBadRequest, "invalid_queue")
 		wantErr(t, e.post(path, nil, body(func(b map[string]any) { delete(b, "message_id") })), http.StatusBadRequest, "invalid_params")
+		env := wantErr(t, e.post(path, nil, body(func(b map[string]any) { b["message_id"] = strings.Repeat("m", 65) })), http.StatusBadRequest, "invalid_params")
+		if d, _ := env["detail"].(string); !strings.Contains(d, "1-64 printable bytes") {
+			t.Errorf("%s with a 65-byte message id: detail %q", path, d)
+		}
 		wantErr(t, e.post(path, nil, body(func(b map[string]any) { delete(b, "lease_id") })), http.StatusBadRequest, "missing_lease")
 		wantErr(t, e.post(path, nil, body(func(b map[string]any) { b["lease_id"] = "not-an-xid" })), http.StatusBadRequest, "invalid_lease")
 		wantErr(t, e.post(path, nil, body(func(b map[string]any) { b["fencing_token"] = -1 })), http.StatusBadRequest, "invalid_fencing_token")

@@ -372,8 +372,11 @@ func (r MessageRef) validate() (fsm.MessageRef, error) {
 	if err != nil {
 		return fsm.MessageRef{}, err
 	}
-	if r.MessageID == "" || len(r.MessageID) > 64 || !printable(r.MessageID) {
+	if r.MessageID == "" {
 		return fsm.MessageRef{}, errcode.InvalidParams.With("message_id is required")
+	}
+	if len(r.MessageID) > 64 || !printable(r.MessageID) {
+		return fsm.MessageRef{}, errcode.InvalidParams.With("message_id must be 1-64 printable bytes, as a dequeue gives it")
 	}
 	lease, err := LeaseID(r.LeaseID)
 	if err != nil {
