@@ -1,12 +1,17 @@
 package client
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -65,5 +70,201 @@ func TestSubscriptionEndingHandsBackADeliveryItReadButDidNotHandOver(t *testing.
 	}
 	if len(nacked) != 1 || nacked[0].MessageID != "m1" || nacked[0].Intent != wire.NackIntentDefer || nacked[0].LeaseID != "l" {
 		t.Fatalf("handed back %+v, want only m1, deferred", nacked)
+	}
+}
+
+// nackRecorder serves /v1/queue/nack, recording each nack, and hands
+// /v1/queue/subscribe to stream.
+type nackRecorder struct {
+	t      *testing.T
+	mu     sync.Mutex
+	nacked []wire.NackRequest
+	stream func(w http.ResponseWriter, r *http.Request)
+}
+
+func (s *nackRecorder) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	switch r.URL.Path {
+	case "/v1/queue/subscribe":
+		// A handler that read its request's body learns that the client
+		// went away (its context ends).
+		_, _ = io.Copy(io.Discard, r.Body)
+		s.stream(w, r)
+	case "/v1/queue/nack":
+		var req wire.NackRequest
+		if err := json.NewDecoder(r.Body).Decode(&req); err != nil {
+			s.t.Error(err)
+		}
+		s.mu.Lock()
+		s.nacked = append(s.nacked, req)
+		s.mu.Unlock()
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"requeued":true}`))
+	default:
+		http.NotFound(w, r)
+	}
+}
+
+// handedBack lists the message ids nacked with intent defer.
+func (s *nackRecorder) handedBack() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var ids []string
+	for _, n := range s.nacked {
+		if n.Intent == wire.NackIntentDefer {
+			ids = append(ids, n.MessageID)
+		}
+	}
+	return ids
+}
+
+func (s *nackRecorder) client(t *testing.T) *Client {
+	ts := httptest.NewServer(s)
+	t.Cleanup(ts.Close)
+	c, err := New(ts.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// A subscription whose fn fails hands back the deliveries that had arrived
+// behind the one fn failed on, instead of leaving them leased until their
+// leases run out (which would count as failed deliveries).
+func TestASubscriptionWhoseFnFailsHandsBackWhatArrived(t *testing.T) {
+	s := &nackRecorder{t: t, stream: func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "multipart/related; boundary=b1")
+		body := deliveryBody(t, "b1", false, "one", "two", "three")
+		_, _ = w.Write(body[:len(body)-len("\r\n--b1--\r\n")]) // the stream goes on
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}}
+	c := s.client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	failed := errors.New("the consumer failed")
+	err := c.Subscribe(ctx, wire.DequeueRequest{Queue: "q", Owner: "o", PageSize: 3}, func(d *Delivery) error {
+		return failed
+	})
+	if !errors.Is(err, failed) {
+		t.Fatalf("subscription ended with %v", err)
+	}
+	if got := s.handedBack(); !slices.Equal(got, []string{"m1", "m2"}) {
+		t.Fatalf("handed back %v, want m1 and m2", got)
+	}
+}
+
+// A delivery that a broken-off stream brought only in part (its meta part,
+// so it is leased to the subscription) is handed back; the subscription
+// then opens its stream again.
+func TestADeliveryCutShortIsHandedBack(t *testing.T) {
+	var opened atomic.Int32
+	s := &nackRecorder{t: t}
+	s.stream = func(w http.ResponseWriter, r *http.Request) {
+		if opened.Add(1) > 1 {
+			<-r.Context().Done()
+			return
+		}
+		body := deliveryBody(t, "b1", false, "a payload cut short")
+		conn, buf, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		defer conn.Close()
+		// The response so far, then the delivery up to the middle of its
+		// payload, and the connection breaks off.
+		_, _ = buf.WriteString("HTTP/1.1 200 OK\r\nContent-Type: multipart/related; boundary=b1\r\n\r\n")
+		_, _ = buf.Write(body[:bytes.Index(body, []byte("cut short"))])
+		_ = buf.Flush()
+	}
+	c := s.client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		done <- c.Subscribe(ctx, wire.DequeueRequest{Queue: "q", Owner: "o"}, func(d *Delivery) error {
+			t.Errorf("fn got %s, which arrived in part", d.Message.MessageID)
+			return nil
+		})
+	}()
+	for deadline := time.Now().Add(5 * time.Second); !slices.Equal(s.handedBack(), []string{"m0"}) || opened.Load() < 2; {
+		if time.Now().After(deadline) {
+			t.Fatalf("after 5s: handed back %v, stream opened %d times; want m0 handed back and the stream opened again",
+				s.handedBack(), opened.Load())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	cancel()
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("subscription ended with %v", err)
+	}
+}
+
+// A heartbeat that extends a delivery may run while another goroutine acks
+// it (go test -race checks this).
+func TestExtendingWhileAckingIsSafe(t *testing.T) {
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"lease_expires_at_unix":99,"acked":true}`))
+	}))
+	t.Cleanup(ts.Close)
+	c, err := New(ts.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &Delivery{c: c, Message: wire.Message{Namespace: "default", Queue: "q", MessageID: "m", LeaseID: "l", FencingToken: 1}}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		for range 20 {
+			if _, err := d.Extend(ctx, time.Second); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		for range 20 {
+			if err := d.Ack(ctx); err != nil {
+				t.Error(err)
+				return
+			}
+		}
+	}()
+	wg.Wait()
+}
+
+// A server that accepts a connection but never answers its TLS handshake
+// (a stopped process) is given up on after the connect timeout.
+func TestAStalledHandshakeIsGivenUpOn(t *testing.T) {
+	defer func(d time.Duration) { connectTimeout = d }(connectTimeout)
+	connectTimeout = 300 * time.Millisecond
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { conn.Close() })
+		}
+	}()
+	c, err := New("https://"+ln.Addr().String(), WithRetry(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.Describe(ctx, "", "k"); err == nil || ctx.Err() != nil {
+		t.Fatalf("describe against a stalled handshake: %v (context: %v), want a handshake timeout", err, ctx.Err())
 	}
 }

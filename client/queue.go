@@ -15,6 +15,7 @@ import (
 	"net/url"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -38,12 +39,20 @@ type Delivery struct {
 	State *Document
 
 	finished atomic.Bool // acked or nacked through Ack or Nack
+	mu       sync.Mutex  // guards Message while Extend updates it
+}
+
+// message returns a copy of d.Message, taken while no Extend changes it.
+func (d *Delivery) message() wire.Message {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.Message
 }
 
 // StateRef is the lease of the delivery's state sidecar, for Update and Get
 // of "q/<queue>/state/<message id>"; ok is false without a sidecar.
 func (d *Delivery) StateRef() (ref LeaseRef, ok bool) {
-	m := d.Message
+	m := d.message()
 	if m.StateLeaseID == "" {
 		return LeaseRef{}, false
 	}
@@ -53,7 +62,7 @@ func (d *Delivery) StateRef() (ref LeaseRef, ok bool) {
 
 // Ack acknowledges the delivery: the message (and its sidecar) is removed.
 func (d *Delivery) Ack(ctx context.Context) error {
-	m := d.Message
+	m := d.message()
 	_, err := d.c.Ack(ctx, wire.AckRequest{Namespace: m.Namespace, Queue: m.Queue, MessageID: m.MessageID,
 		LeaseID: m.LeaseID, FencingToken: m.FencingToken, MetaETag: m.MetaETag})
 	d.finished.Store(err == nil)
@@ -63,7 +72,7 @@ func (d *Delivery) Ack(ctx context.Context) error {
 // Nack hands the delivery back: intent wire.NackIntentFailure (counts
 // against max_attempts) or wire.NackIntentDefer, visible again after delay.
 func (d *Delivery) Nack(ctx context.Context, intent string, delay time.Duration, lastError json.RawMessage) (*wire.NackResponse, error) {
-	m := d.Message
+	m := d.message()
 	out, err := d.c.Nack(ctx, wire.NackRequest{Namespace: m.Namespace, Queue: m.Queue, MessageID: m.MessageID,
 		LeaseID: m.LeaseID, FencingToken: m.FencingToken, MetaETag: m.MetaETag, Intent: intent,
 		DelaySeconds: seconds(delay), LastError: lastError})
@@ -72,16 +81,20 @@ func (d *Delivery) Nack(ctx context.Context, intent string, delay time.Duration,
 }
 
 // Extend extends the delivery's lease (and its sidecar's) by by (0: the
-// message's visibility timeout).
+// message's visibility timeout). It may run while another goroutine acks
+// or nacks the delivery (a heartbeat); read the new expiry from its answer
+// rather than from Message in that case.
 func (d *Delivery) Extend(ctx context.Context, by time.Duration) (*wire.ExtendResponse, error) {
-	m := d.Message
+	m := d.message()
 	out, err := d.c.Extend(ctx, wire.ExtendRequest{Namespace: m.Namespace, Queue: m.Queue, MessageID: m.MessageID,
 		LeaseID: m.LeaseID, FencingToken: m.FencingToken, MetaETag: m.MetaETag, ExtendBySeconds: seconds(by)})
 	if err == nil {
+		d.mu.Lock()
 		d.Message.LeaseExpiresAtUnix = out.LeaseExpiresAtUnix
 		if out.StateLeaseExpiresAtUnix > 0 {
 			d.Message.StateLeaseExpiresAtUnix = out.StateLeaseExpiresAtUnix
 		}
+		d.mu.Unlock()
 	}
 	return out, err
 }
@@ -201,9 +214,9 @@ const handBackTimeout = 5 * time.Second
 // transaction back. The nack is made even when ctx has ended, within a few
 // seconds.
 func (d *Delivery) HandBack(ctx context.Context, cause error) error {
-	if d.Message.TxnID != "" {
+	if m := d.message(); m.TxnID != "" {
 		return fmt.Errorf("%w (message %s stays leased in transaction %s until its lease runs out or the transaction ends)",
-			cause, d.Message.MessageID, d.Message.TxnID)
+			cause, m.MessageID, m.TxnID)
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), handBackTimeout)
 	defer cancel()
@@ -320,9 +333,12 @@ func readPart(p *multipart.Part) ([]byte, error) {
 // stream without waiting also ends when its page of unfinished deliveries
 // is full; when fn acked or nacked each through Delivery.Ack or Nack,
 // another stream is opened). A stream that breaks off (its server crashed
-// or restarted) is opened again. Every delivery is leased like a dequeued one: fn acks or
-// nacks it. A delivery that arrived when ctx ended, and so never reaches
-// fn, is handed back (Delivery.HandBack).
+// or restarted) is opened again. Every delivery is leased like a dequeued
+// one: fn acks or nacks it. A delivery that never reaches fn is handed back
+// (Delivery.HandBack): one that arrived when ctx ended or after fn failed,
+// and one a broken-off stream delivered only in part. One the server sent
+// that had not arrived when fn failed stays leased until its lease runs
+// out.
 func (c *Client) Subscribe(ctx context.Context, req wire.DequeueRequest, fn func(*Delivery) error) error {
 	return c.subscribe(ctx, "/v1/queue/subscribe", req, false, fn)
 }
@@ -353,7 +369,7 @@ func (c *Client) subscribe(ctx context.Context, path string, req wire.DequeueReq
 		case err != nil:
 			return err
 		}
-		delivered, finished, err := c.drain(ctx, dr, fn)
+		delivered, finished, err := c.drain(ctx, dr, resp.Body, fn)
 		resp.Body.Close()
 		if cut(err) {
 			// The connection broke (the server crashed or restarted): the
@@ -398,8 +414,12 @@ func cut(err error) bool {
 
 // drain hands a stream's deliveries to fn until the stream ends; it
 // reports how many fn was given, and whether fn finished (acked or
-// nacked) every one of them.
-func (c *Client) drain(ctx context.Context, dr *deliveryReader, fn func(*Delivery) error) (n int, finished bool, err error) {
+// nacked) every one of them. A delivery leased to the stream that fn will
+// not see is handed back: one that arrived in part before the stream broke
+// off, one read after ctx ended, and, once fn failed, each that had
+// arrived by then (the stream, body, is closed first, so that no more
+// come).
+func (c *Client) drain(ctx context.Context, dr *deliveryReader, body io.Closer, fn func(*Delivery) error) (n int, finished bool, err error) {
 	finished = true
 	for ; ; n++ {
 		d, err := dr.next()
@@ -408,17 +428,35 @@ func (c *Client) drain(ctx context.Context, dr *deliveryReader, fn func(*Deliver
 			return n, finished, nil
 		case ctx.Err() != nil:
 			if d != nil {
-				// Leased to this subscription, but fn will not see it.
 				_ = d.HandBack(ctx, ctx.Err())
 			}
 			return n, finished, ctx.Err()
 		case err != nil:
+			if d != nil {
+				_ = d.HandBack(ctx, err)
+			}
 			return n, finished, &streamError{err}
 		}
 		err = fn(d)
 		finished = finished && d.finished.Load()
 		if err != nil {
+			body.Close()
+			handBackRead(ctx, dr, err)
 			return n + 1, finished, err
+		}
+	}
+}
+
+// handBackRead hands back every delivery left in what dr had read of its
+// stream, whole or in part, because of cause.
+func handBackRead(ctx context.Context, dr *deliveryReader, cause error) {
+	for {
+		d, err := dr.next()
+		if d != nil {
+			_ = d.HandBack(ctx, cause)
+		}
+		if err != nil {
+			return
 		}
 	}
 }
