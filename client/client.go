@@ -11,6 +11,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,6 +36,7 @@ type Client struct {
 	http      *http.Client
 	namespace string
 	retryFor  time.Duration
+	optErr    error // an option that could not take effect
 }
 
 // Option configures a Client.
@@ -46,20 +48,24 @@ func WithHTTPClient(h *http.Client) Option { return func(c *Client) { c.http = h
 // WithTLS dials the server with cfg (for mTLS: the client certificate to
 // present and the CA to check the server against). After WithHTTPClient it
 // applies to a copy of that client's *http.Transport, or of Go's default
-// transport when the client names none.
+// transport when the client names none; New fails when that client's
+// transport is of another type, since cfg could not take effect.
 func WithTLS(cfg *tls.Config) Option {
 	return func(c *Client) {
 		rt := c.http.Transport
 		if rt == nil {
 			rt = http.DefaultTransport
 		}
-		if t, ok := rt.(*http.Transport); ok {
-			t = t.Clone()
-			t.TLSClientConfig = cfg
-			h := *c.http
-			h.Transport = t
-			c.http = &h
+		t, ok := rt.(*http.Transport)
+		if !ok {
+			c.optErr = errors.Join(c.optErr, fmt.Errorf("client: WithTLS needs the HTTP client's transport to be an *http.Transport, not %T: set TLS on that transport instead", rt))
+			return
 		}
+		t = t.Clone()
+		t.TLSClientConfig = cfg
+		h := *c.http
+		h.Transport = t
+		c.http = &h
 	}
 }
 
@@ -84,14 +90,27 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	if err != nil || u.Host == "" {
 		return nil, fmt.Errorf("client: bad server URL %q", baseURL)
 	}
+	// Connecting is bounded (a server that accepts but never completes the
+	// handshake, such as a stopped process, is given up on); waiting for
+	// the answer is not, since an acquire or a dequeue may wait on the
+	// server as long as it asked to.
+	dialer := &net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}
 	c := &Client{base: strings.TrimRight(u.String(), "/"), namespace: wire.DefaultNamespace, retryFor: 10 * time.Second,
-		http: &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second,
+		http: &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext,
+			TLSHandshakeTimeout: connectTimeout, MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second,
 			ExpectContinueTimeout: time.Second}}}
 	for _, o := range opts {
 		o(c)
 	}
+	if c.optErr != nil {
+		return nil, c.optErr
+	}
 	return c, nil
 }
+
+// connectTimeout bounds a connection's dial and its TLS handshake (a
+// variable for tests).
+var connectTimeout = 10 * time.Second
 
 // Error is a rejection from the server: the HTTP status and the stable
 // error envelope. errors.Is(err, errcode.Waiting) and friends work on it.
@@ -129,6 +148,9 @@ func retryable(err error, idempotent bool) bool {
 		}
 		return false
 	}
+	if refused(err) {
+		return false
+	}
 	var op *net.OpError
 	if errors.As(err, &op) && op.Op == "dial" {
 		return true
@@ -136,13 +158,35 @@ func retryable(err error, idempotent bool) bool {
 	return idempotent && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
 }
 
+// refused reports whether err is a TLS failure that trying again cannot
+// mend: the server's certificate is not one this client trusts (or names
+// another host), the server refused this client's certificate, or the
+// server does not speak TLS at all.
+func refused(err error) bool {
+	var verify *tls.CertificateVerificationError
+	var unknown x509.UnknownAuthorityError
+	var host x509.HostnameError
+	var invalid x509.CertificateInvalidError
+	var alert tls.AlertError
+	var op *net.OpError
+	return errors.As(err, &verify) || errors.As(err, &unknown) || errors.As(err, &host) || errors.As(err, &invalid) ||
+		errors.As(err, &alert) || errors.As(err, &op) && op.Op == "remote error" ||
+		strings.Contains(err.Error(), "server gave HTTP response to HTTPS client")
+}
+
+// do makes the call, resending it while retryable allows for up to
+// retryFor from its first failure (not from its start: an acquire or a
+// dequeue that waited its turn on the server for longer keeps its retries).
 func (c *Client) do(ctx context.Context, cl call) (*http.Response, error) {
-	deadline := time.Now().Add(c.retryFor)
+	var deadline time.Time
 	backoff := 50 * time.Millisecond
 	for {
 		resp, err := c.once(ctx, cl)
 		if err == nil {
 			return resp, nil
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(c.retryFor)
 		}
 		if !retryable(err, cl.idempotent) || time.Now().Add(backoff).After(deadline) {
 			return nil, err
@@ -271,15 +315,19 @@ func (c *Client) Acquire(ctx context.Context, req wire.AcquireRequest) (*Lease, 
 }
 
 // AcquireWithKey is Acquire with a caller-chosen idempotency key: calls with
-// the same key are the same request.
+// the same key are the same request. "" sends none, and the call is not
+// resent after an ambiguous failure (by this client or by Go's HTTP
+// transport): resent, it would be another acquire.
 func (c *Client) AcquireWithKey(ctx context.Context, req wire.AcquireRequest, idempotencyKey string) (*Lease, error) {
 	req.Namespace = c.ns(req.Namespace)
 	body, _ := json.Marshal(req)
 	h := http.Header{}
-	h.Set(wire.HeaderIdempotencyKey, idempotencyKey)
+	if idempotencyKey != "" {
+		h.Set(wire.HeaderIdempotencyKey, idempotencyKey)
+	}
 	l := &Lease{c: c}
-	if _, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/acquire", header: h, body: body, idempotent: true},
-		&l.AcquireResponse); err != nil {
+	if _, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/acquire", header: h, body: body,
+		idempotent: idempotencyKey != ""}, &l.AcquireResponse); err != nil {
 		return nil, err
 	}
 	return l, nil
@@ -314,11 +362,14 @@ func (r LeaseRef) header() http.Header {
 }
 
 // KeepAlive extends a lease by ttl, rounded up to whole seconds (ttl 0: by
-// its original TTL).
+// its original TTL; negative: by the server's default TTL).
 func (c *Client) KeepAlive(ctx context.Context, r LeaseRef, ttl time.Duration) (*wire.KeepAliveResponse, error) {
-	secs := int64(ttl / time.Second) // a negative ttl asks for the server's default
-	if ttl > 0 {
+	var secs int64
+	switch {
+	case ttl > 0:
 		secs = seconds(ttl)
+	case ttl < 0:
+		secs = -1
 	}
 	body, _ := json.Marshal(wire.KeepAliveRequest{Namespace: c.ns(r.Namespace), Key: r.Key, LeaseID: r.LeaseID,
 		TxnID: r.TxnID, TTLSeconds: secs})

@@ -15,12 +15,14 @@ import (
 // the *Error's Envelope lists the failed items (Spends for a spend,
 // Outpoints for unspend, freeze, unfreeze and reassign).
 //
-// Spend (the same spending data again is a success), unspend, the calls
-// that set a value (flags, preserve, mined, longest chain, height) and Get
+// Spend (the same spending data again is a success), the calls that set a
+// value (flags, preserve, mined, longest chain, height), block apply and Get
 // are resent after an ambiguous failure. Create, freeze, unfreeze and
 // reassign are not: resent after their first attempt was applied, they
 // would be refused because of that attempt (tx_exists, ALREADY_FROZEN,
-// UTXO_NOT_FROZEN).
+// UTXO_NOT_FROZEN). Unspend and block rollback are not either: resent after
+// their first attempt was applied, they would also take back a spend, or
+// undo a block, made since by someone else.
 
 func (c *Client) utxoPost(ctx context.Context, path string, idempotent bool, in, out any) error {
 	body, err := json.Marshal(in)
@@ -48,7 +50,7 @@ func (c *Client) UTXOSpend(ctx context.Context, req wire.UTXOSpendRequest) (*wir
 // UTXOUnspend takes the spends of outputs back.
 func (c *Client) UTXOUnspend(ctx context.Context, req wire.UTXOOutpointsRequest) (*wire.UTXOUpdateResponse, error) {
 	var out wire.UTXOUpdateResponse
-	return &out, c.utxoPost(ctx, "/v1/utxo/unspend", true, req, &out)
+	return &out, c.utxoPost(ctx, "/v1/utxo/unspend", false, req, &out)
 }
 
 // UTXOFreeze freezes outputs: they cannot be spent until unfrozen.
@@ -127,10 +129,11 @@ func (c *Client) UTXOApplyBlock(ctx context.Context, req wire.UTXOBlockRequest) 
 }
 
 // UTXORollback undoes the blocks above toHeight; rolling back to a height
-// already reached changes nothing.
+// already reached changes nothing. It is not resent after an ambiguous
+// failure: a block applied since the first attempt would be undone too.
 func (c *Client) UTXORollback(ctx context.Context, toHeight uint32) (*wire.UTXORollbackResponse, error) {
 	var out wire.UTXORollbackResponse
-	return &out, c.utxoPost(ctx, "/v1/utxo/blocks/rollback", true, wire.UTXORollbackRequest{ToHeight: toHeight}, &out)
+	return &out, c.utxoPost(ctx, "/v1/utxo/blocks/rollback", false, wire.UTXORollbackRequest{ToHeight: toHeight}, &out)
 }
 
 // UTXOPrune runs one prune pass now and reports what it did.

@@ -215,7 +215,9 @@ func TestUTXOErrorsKeepTheFailedItems(t *testing.T) {
 
 // Setting a value is resent when the answer was lost to an unavailable
 // node; freezing is not, since a resent freeze that was applied would be
-// refused as already frozen.
+// refused as already frozen, nor are unspend and block rollback, since
+// resent after they were applied they would also undo a spend or a block
+// made since.
 func TestUTXORetriesOnlyWhatCanBeResent(t *testing.T) {
 	s := &utxoServer{answer: func(_ *http.Request, n int) (int, any) {
 		if n == 1 {
@@ -229,9 +231,24 @@ func TestUTXORetriesOnlyWhatCanBeResent(t *testing.T) {
 		t.Fatalf("height: %v after %d requests, want success after 2", err, s.requests())
 	}
 
-	s = &utxoServer{answer: s.answer}
-	c = newUTXOClient(t, s, client.WithRetry(5*time.Second))
-	if _, err := c.UTXOFreeze(ctx, wire.UTXOOutpointsRequest{}); !errors.Is(err, errcode.Unavailable) || s.requests() != 1 {
-		t.Fatalf("freeze: %v after %d requests, want unavailable after 1", err, s.requests())
+	for name, call := range map[string]func(c *client.Client) error{
+		"freeze": func(c *client.Client) error {
+			_, err := c.UTXOFreeze(ctx, wire.UTXOOutpointsRequest{})
+			return err
+		},
+		"unspend": func(c *client.Client) error {
+			_, err := c.UTXOUnspend(ctx, wire.UTXOOutpointsRequest{})
+			return err
+		},
+		"rollback": func(c *client.Client) error {
+			_, err := c.UTXORollback(ctx, 1)
+			return err
+		},
+	} {
+		s = &utxoServer{answer: s.answer}
+		c = newUTXOClient(t, s, client.WithRetry(5*time.Second))
+		if err := call(c); !errors.Is(err, errcode.Unavailable) || s.requests() != 1 {
+			t.Fatalf("%s: %v after %d requests, want unavailable after 1", name, err, s.requests())
+		}
 	}
 }
