@@ -79,13 +79,22 @@ func (o *adminOpts) output(w io.Writer, v any, table func(w *tabwriter.Writer)) 
 
 // render prints v as JSON when format is json, or with table.
 func render(w io.Writer, format string, v any, table func(w *tabwriter.Writer)) error {
-	switch format {
-	case "json":
+	if err := checkFormat(format); err != nil {
+		return err
+	}
+	if format == "json" {
 		return printJSON(w, v)
-	case "table", "":
-		tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		table(tw)
-		return tw.Flush()
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	table(tw)
+	return tw.Flush()
+}
+
+// checkFormat refuses a --format render cannot print.
+func checkFormat(format string) error {
+	switch format {
+	case "json", "table", "":
+		return nil
 	}
 	return fmt.Errorf("--format %q: want table or json", format)
 }
@@ -316,6 +325,11 @@ func humanBytes(n int64) string {
 func runAdmin[T any](o *adminOpts, call func(context.Context, *client.Client, []string) (T, error),
 	table func(io.Writer, T)) func(*cobra.Command, []string) error {
 	return func(cmd *cobra.Command, args []string) error {
+		// Before anything is sent: a command that changes something must
+		// not do so and then fail to say what it did.
+		if err := checkFormat(o.format); err != nil {
+			return err
+		}
 		c, ctx, cancel, err := o.open(cmd)
 		defer cancel()
 		if err != nil {

@@ -144,12 +144,18 @@ func TestCLIClusterCommands(t *testing.T) {
 		{[]string{"tc", "leave"}, "last_voter"},
 		{[]string{"cluster", "remove-peer", "nobody"}, "not_found"},
 		{[]string{"cluster", "members", "--format", "yaml"}, "--format"},
+		// A command that changes something is refused before it is sent.
+		{[]string{"cluster", "leave", "--format", "yaml"}, "--format"},
+		{[]string{"tc", "announce", "--self", "https://127.0.0.1:2", "--format", "yaml"}, "--format"},
 		{[]string{"tc", "announce", "--self", "http://127.0.0.1:1"}, "not_found"},
 	} {
 		if res := cli(t, env, "", c.args...); res.code == 0 || !strings.Contains(res.stderr, c.want) {
 			t.Errorf("raftlockd %s: exit %d, stderr %q; want failure naming %s", strings.Join(c.args, " "), res.code,
 				res.stderr, c.want)
 		}
+	}
+	if out := strings.TrimSpace(mustCLI(t, env, "", "tc", "list")); out != srv.url {
+		t.Fatalf("after the refused announce tc list printed %q, want %s", out, srv.url)
 	}
 }
 
