@@ -162,7 +162,11 @@ func envValues(f *pflag.Flag, v string) ([]string, error) {
 // bindEnv documents the environment variable of every flag of cmd (and its
 // persistent parents) and, before cmd runs, fills each flag the command
 // line left unset from its variable.
-func bindEnv(cmd *cobra.Command, prefix string) {
+func bindEnv(cmd *cobra.Command, prefix string) { bindEnvSkipping(cmd, prefix, nil) }
+
+// bindEnvSkipping is bindEnv that leaves alone each variable skip (when
+// not nil) reports.
+func bindEnvSkipping(cmd *cobra.Command, prefix string, skip func(name string) bool) {
 	annotateEnv(cmd.Flags(), prefix)
 	annotateEnv(cmd.PersistentFlags(), prefix)
 	prev := cmd.PreRunE
@@ -173,7 +177,7 @@ func bindEnv(cmd *cobra.Command, prefix string) {
 				return
 			}
 			v, ok := os.LookupEnv(flagEnv(prefix, f))
-			if !ok {
+			if !ok || skip != nil && skip(flagEnv(prefix, f)) {
 				return
 			}
 			vals, err := envValues(f, v)

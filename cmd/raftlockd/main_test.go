@@ -86,3 +86,36 @@ func TestHelpShowsOneDefaultPerFlag(t *testing.T) {
 		}
 	}
 }
+
+// In a shell holding a delivery `client queue dequeue` exported, the
+// server leaves alone the delivery's variables that are also its own
+// (RAFTLOCKD_QUEUE_MAX_ATTEMPTS, the message's, is also
+// --queue-max-attempts's); without one it reads them. A misspelt
+// RAFTLOCKD_QUEUE_ variable is warned about like any other.
+func TestTheServerLeavesADeliverysVariablesAlone(t *testing.T) {
+	maxAttempts := func() string {
+		t.Helper()
+		cmd := newServerCmd()
+		if err := cmd.PreRunE(cmd, nil); err != nil {
+			t.Fatal(err)
+		}
+		return cmd.Flags().Lookup("queue-max-attempts").Value.String()
+	}
+	def := newServerCmd().Flags().Lookup("queue-max-attempts").DefValue
+	t.Setenv(queueEnv+"MAX_ATTEMPTS", "2")
+	if got := maxAttempts(); got != "2" {
+		t.Fatalf("--queue-max-attempts from %sMAX_ATTEMPTS: %s, want 2", queueEnv, got)
+	}
+	t.Setenv(queueEnv+"MESSAGE_ID", "m1")
+	if got := maxAttempts(); got != def {
+		t.Fatalf("--queue-max-attempts in a shell holding a delivery: %s, want the default %s", got, def)
+	}
+
+	t.Setenv(queueEnv+"VISIBILTY", "5s")
+	fs := newServerCmd().Flags()
+	unknown := unknownEnv(fs, serverEnv, deliveryEnv(), clientEnv, healthEnv, benchEnv)
+	if !slices.Contains(unknown, queueEnv+"VISIBILTY") || slices.Contains(unknown, queueEnv+"MESSAGE_ID") ||
+		slices.Contains(unknown, queueEnv+"MAX_ATTEMPTS") {
+		t.Fatalf("unknown variables %v: want %sVISIBILTY and no variable of the delivery", unknown, queueEnv)
+	}
+}

@@ -24,6 +24,15 @@ var deliveryVars = []string{"NAMESPACE", "NAME", "MESSAGE_ID", "LEASE", "FENCING
 	"FAILURE_ATTEMPTS", "MAX_ATTEMPTS", "LEASE_EXPIRES_AT", "CONTENT_TYPE", "PAYLOAD_BYTES", "PAYLOAD_FILE",
 	"STATE_KEY", "STATE_LEASE", "STATE_TXN_ID", "STATE_FENCING_TOKEN", "STATE_FILE", "TEMP_FILES"}
 
+// deliveryEnv returns the names of the variables dequeue exports.
+func deliveryEnv() []string {
+	names := make([]string, len(deliveryVars))
+	for i, v := range deliveryVars {
+		names[i] = queueEnv + v
+	}
+	return names
+}
+
 func newQueueCmd(opts *clientOpts) *cobra.Command {
 	cmd := &cobra.Command{Use: "queue", Short: "Enqueue, dequeue, ack, nack and extend queue messages"}
 	for _, sub := range []*cobra.Command{newEnqueueCmd(opts), newDequeueCmd(opts), newAckCmd(opts), newNackCmd(opts),

@@ -21,6 +21,7 @@ import (
 func newServerCmd() *cobra.Command {
 	cfg := config.Default()
 	var logFormat string
+	var heldByDelivery []string // variables of a dequeued delivery left alone
 	cmd := &cobra.Command{
 		Use:   "server",
 		Short: "Run a raftlockd node (a single-node cluster by default)",
@@ -43,8 +44,12 @@ restart. --disable-mtls serves plain HTTP to anyone (development only).`,
 			if err != nil {
 				return err
 			}
-			if unknown := unknownEnv(cmd.Flags(), serverEnv, clientEnv, queueEnv, healthEnv, benchEnv); len(unknown) > 0 {
+			if unknown := unknownEnv(cmd.Flags(), serverEnv, deliveryEnv(), clientEnv, healthEnv, benchEnv); len(unknown) > 0 {
 				log.Warn("ignoring environment variables that name no flag of raftlockd server", "variables", strings.Join(unknown, ","))
+			}
+			if len(heldByDelivery) > 0 {
+				log.Warn("ignoring environment variables of the delivery `client queue dequeue` exported into this shell; give the flags instead",
+					"variables", strings.Join(heldByDelivery, ","))
 			}
 			// Signals are taken before the node starts: one that arrives
 			// while it starts is handled once it serves.
@@ -132,7 +137,17 @@ restart. --disable-mtls serves plain HTTP to anyone (development only).`,
 	f.DurationVar(&cfg.SnapshotInterval, "snapshot-interval", cfg.SnapshotInterval, "how often to check whether a snapshot is due")
 	f.StringVar(&cfg.LogLevel, "log-level", cfg.LogLevel, "debug, info, warn or error")
 	f.StringVar(&logFormat, "log-format", "text", "text or json")
-	bindEnv(cmd, serverEnv)
+	// A shell that ran `eval "$(raftlockd client queue dequeue ...)"` holds
+	// the delivery's RAFTLOCKD_QUEUE_* variables, one of which names a flag
+	// of the server too (RAFTLOCKD_QUEUE_MAX_ATTEMPTS): there they describe
+	// the message, not the server.
+	bindEnvSkipping(cmd, serverEnv, func(name string) bool {
+		if _, ok := os.LookupEnv(queueEnv + "MESSAGE_ID"); ok && slices.Contains(deliveryEnv(), name) {
+			heldByDelivery = append(heldByDelivery, name)
+			return true
+		}
+		return false
+	})
 	return cmd
 }
 
@@ -141,9 +156,14 @@ const serverEnv = "RAFTLOCKD_"
 
 // unknownEnv lists the variables under prefix that stand in for no flag of
 // fs, leaving out those under the prefixes of other commands.
-func unknownEnv(fs *pflag.FlagSet, prefix string, others ...string) []string {
+// unknownEnv lists the variables of prefix that name no flag of fs, none of
+// names and begin with none of others.
+func unknownEnv(fs *pflag.FlagSet, prefix string, names []string, others ...string) []string {
 	known := map[string]bool{}
 	fs.VisitAll(func(f *pflag.Flag) { known[flagEnv(prefix, f)] = true })
+	for _, n := range names {
+		known[n] = true
+	}
 	var unknown []string
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
