@@ -55,8 +55,12 @@ func healthBundle(path string) (*auth.Bundle, error) {
 		}
 		path = os.Getenv("RAFTLOCKD_BUNDLE")
 	}
-	return findBundle(path, auth.ServerFile, auth.CAFile, auth.ClientFile, auth.TCClientFile)
+	return findBundle(path, healthBundles...)
 }
+
+// healthBundles are the files whose CA health verifies a server with, in
+// the order it looks for them.
+var healthBundles = []string{auth.ServerFile, auth.CAFile, auth.ClientFile, auth.TCClientFile}
 
 // mtlsDisabledHere reports whether this environment's server serves plain
 // HTTP (RAFTLOCKD_DISABLE_MTLS).
@@ -97,6 +101,9 @@ uses (RAFTLOCKD_BUNDLE, else server.pem, ca.pem, client.pem or tcclient.pem
 in $RAFTLOCKD_DATA_DIR/tls or the default data directory's tls folder).`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
+			if timeout <= 0 {
+				return fmt.Errorf("health: --timeout %v: a probe needs a positive time to wait", timeout)
+			}
 			b, err := healthBundle(bundle)
 			if err != nil {
 				return fmt.Errorf("health: %w", err)
@@ -113,7 +120,7 @@ in $RAFTLOCKD_DATA_DIR/tls or the default data directory's tls folder).`,
 					tr.TLSClientConfig = &tls.Config{InsecureSkipVerify: true} //nolint:gosec // asked for
 				case b == nil:
 					return fmt.Errorf("health: %w; or pass --insecure-skip-verify to probe without verifying the server",
-						errNoBundle(server, "--bundle, "+healthEnv+"BUNDLE, RAFTLOCKD_BUNDLE", auth.ServerFile, auth.CAFile))
+						errNoBundle(server, "--bundle, "+healthEnv+"BUNDLE, RAFTLOCKD_BUNDLE", healthBundles...))
 				default:
 					tr.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: b.Roots()}
 				}

@@ -49,8 +49,15 @@ func TestHealth(t *testing.T) {
 	// No bundle to verify the server with: a clear refusal, unless asked
 	// not to verify; a bundle of another CA does not verify it.
 	res := cli(t, []string{"RAFTLOCKD_DATA_DIR=" + t.TempDir()}, "", "health", "--server", srv.url)
-	if res.code != 1 || !strings.Contains(res.stderr, "no bundle") || !strings.Contains(res.stderr, "--insecure-skip-verify") {
-		t.Errorf("health without a bundle: exit %d, stderr %q", res.code, res.stderr)
+	if res.code != 1 || !strings.Contains(res.stderr, "no bundle") || !strings.Contains(res.stderr, "--insecure-skip-verify") ||
+		!strings.Contains(res.stderr, auth.ClientFile) || !strings.Contains(res.stderr, auth.TCClientFile) {
+		t.Errorf("health without a bundle: exit %d, stderr %q; want the refusal naming every file looked for", res.code, res.stderr)
+	}
+	// A probe needs a time to wait.
+	for _, d := range []string{"0s", "-1s"} {
+		if res := cli(t, []string{dataDir}, "", "health", "--server", srv.url, "--timeout", d); res.code != 1 || !strings.Contains(res.stderr, "positive") {
+			t.Errorf("health --timeout %s: exit %d, stderr %q; want a refusal", d, res.code, res.stderr)
+		}
 	}
 	// Not verifying, a server without a scheme is probed over https too.
 	for _, server := range []string{srv.url, host} {
