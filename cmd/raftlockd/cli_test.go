@@ -548,6 +548,7 @@ done
 echo '{"step":1,"name":"first"}' | raftlockd client update >/dev/null
 echo "HOLDER=$(raftlockd client get)"
 echo "PUBLIC_BEFORE=$(raftlockd client get --public)"
+echo "OTHER=$(raftlockd client get --key other 2>&1)"
 eval "$(raftlockd client release)"
 echo "PUBLIC_AFTER=$(raftlockd client get --public)"
 echo "NO_LEASE=$(raftlockd client get)"
@@ -569,6 +570,7 @@ eval "$(raftlockd client release)"
 	wantExpiry(t, "RAFTLOCKD_CLIENT_EXPIRES_AT", v["EXPIRES_AT"], 30*time.Second)
 	wantJSON(t, "holder's view", v["HOLDER"], `{"step":1,"name":"first"}`)
 	wantEmpty(t, "public view before release", v["PUBLIC_BEFORE"])
+	wantEmpty(t, "another key while holding k (a public read, not k's lease)", v["OTHER"])
 	wantJSON(t, "public view after release", v["PUBLIC_AFTER"], `{"step":1,"name":"first"}`)
 	wantJSON(t, "get without a lease", v["NO_LEASE"], `{"step":1,"name":"first"}`)
 	// eval of release's output ends the transaction in the shell, so the
@@ -1118,6 +1120,8 @@ func TestCLIRefusesIncompleteCommandsBeforeSendingThem(t *testing.T) {
 	}{
 		{[]string{"client", "release", "--server", down, "--key", "k"}, "no lease named"},
 		{[]string{"client", "keepalive", "--server", down, "--lease", "l"}, "no lease named"},
+		{[]string{"client", "update", "--server", down, "--key", "k", "-"}, "no lease named"},
+		{[]string{"client", "remove", "--server", down, "--key", "k"}, "no lease named"},
 		{[]string{"client", "queue", "ack", "--server", down, "--queue", "q", "--message-id", "m"}, "no delivery named"},
 		{[]string{"client", "queue", "nack", "--server", down, "--lease", "l"}, "no delivery named"},
 		{[]string{"client", "queue", "extend", "--server", down}, "no delivery named"},
@@ -1125,5 +1129,15 @@ func TestCLIRefusesIncompleteCommandsBeforeSendingThem(t *testing.T) {
 		{[]string{"client", "get", "--key", "k", "--bundle", "/nonexistent/b.pem"}, "--bundle /nonexistent/b.pem"},
 	} {
 		wantFailure(t, env, c.args, c.want)
+	}
+	// The lease in the environment holds the key it names there: a command
+	// naming another key does not present it.
+	held := append(slices.Clone(env), clientEnv+"KEY=a", clientEnv+"LEASE=l-a", clientEnv+"FENCING_TOKEN=3")
+	for _, args := range [][]string{
+		{"client", "update", "--server", down, "--key", "b", "-"},
+		{"client", "remove", "--server", down, "--key", "b"},
+		{"client", "release", "--server", down, "--key", "b"},
+	} {
+		wantFailure(t, held, args, `no lease named for key "b": the lease in `+clientEnv+`LEASE holds "a"`)
 	}
 }

@@ -44,6 +44,7 @@ type leaseFlags struct {
 	// (RAFTLOCKD_QUEUE_STATE_*, from `client queue dequeue --with-state`).
 	queueState bool
 	queueNS    string // the sidecar's namespace, with queueState
+	otherKey   string // the key of the lease in the environment, when --key names another
 }
 
 // registerQueueState adds --queue-state, for the commands that read and
@@ -54,8 +55,17 @@ func (l *leaseFlags) registerQueueState(cmd *cobra.Command) {
 }
 
 // resolve fills the lease from the sidecar variables with --queue-state.
+// Without it, a lease that came from the environment (acquire's exports)
+// is dropped when --key names another key than the one it holds there.
 func (l *leaseFlags) resolve() error {
 	if !l.queueState {
+		envKey, envLease := os.Getenv(clientEnv+"KEY"), os.Getenv(clientEnv+"LEASE")
+		if envKey != "" && envLease != "" && l.key != envKey && l.lease == envLease {
+			l.otherKey, l.lease, l.fencing = envKey, "", 0
+			if l.txnID == os.Getenv(clientEnv+"TXN_ID") {
+				l.txnID = ""
+			}
+		}
 		return nil
 	}
 	l.key, l.lease, l.txnID = os.Getenv(queueEnv+"STATE_KEY"), os.Getenv(queueEnv+"STATE_LEASE"), os.Getenv(queueEnv+"STATE_TXN_ID")
@@ -88,6 +98,9 @@ func (l *leaseFlags) register(cmd *cobra.Command, withLease bool) {
 func (l *leaseFlags) require() error {
 	if err := l.resolve(); err != nil {
 		return err
+	}
+	if l.otherKey != "" && l.lease == "" {
+		return fmt.Errorf("no lease named for key %q: the lease in %sLEASE holds %q; pass --lease", l.key, clientEnv, l.otherKey)
 	}
 	if l.key == "" || l.lease == "" {
 		return fmt.Errorf("no lease named: pass --key and --lease, or eval the output of `raftlockd client acquire`, "+
@@ -313,7 +326,9 @@ func newKeepAliveCmd(opts *clientOpts) *cobra.Command {
 				return err
 			}
 			out, err := c.KeepAlive(ctx, l.ref(opts.namespace), time.Duration(ttl)*time.Second)
-			if err != nil {
+			if err != nil || l.queueState {
+				// The sidecar's expiry is not the key lease's of this
+				// shell (RAFTLOCKD_CLIENT_EXPIRES_AT): nothing to export.
 				return err
 			}
 			printExports(cmd.OutOrStdout(), clientEnv, [][2]string{{"EXPIRES_AT", strconv.FormatInt(out.ExpiresAt, 10)}})
@@ -404,7 +419,7 @@ func newUpdateCmd(opts *clientOpts) *cobra.Command {
 		Short: "Stage new JSON state for a held key, read from FILE or stdin",
 		Args:  cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if err := l.resolve(); err != nil {
+			if err := l.require(); err != nil {
 				return err
 			}
 			doc, err := readInput(cmd, args)
@@ -437,7 +452,7 @@ func newRemoveCmd(opts *clientOpts) *cobra.Command {
 		Short: "Stage the removal of a held key's state",
 		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if err := l.resolve(); err != nil {
+			if err := l.require(); err != nil {
 				return err
 			}
 			c, ctx, cancel, err := opts.open(cmd)

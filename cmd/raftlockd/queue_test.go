@@ -48,6 +48,7 @@ echo "STATE_KEY=$RAFTLOCKD_QUEUE_STATE_KEY"
 echo "STATE_BEFORE=$(cat "$RAFTLOCKD_QUEUE_STATE_FILE")"
 echo '{"step":1}' | raftlockd client update --queue-state >/dev/null
 echo "STATE_STAGED=$(raftlockd client get --queue-state)"
+echo "STATE_KEEPALIVE=$(raftlockd client keepalive --queue-state --ttl 60s)"
 eval "$(raftlockd client queue nack --defer)"
 eval "$(raftlockd client queue dequeue --queue flows --wait -1 --with-state)"
 echo "STATE_AFTER=$(cat "$RAFTLOCKD_QUEUE_STATE_FILE")"
@@ -85,6 +86,10 @@ echo "LEFT=$(ls "$TMPDIR" | grep -c '^raftlockd-') KEPT=$(cat "$TMPDIR/out")"
 	}
 	if !strings.Contains(v["STALE"], "queue_message_lease_mismatch") {
 		t.Errorf("ack of a handed-back delivery: %q", v["STALE"])
+	}
+	if v["STATE_KEEPALIVE"] != "" {
+		// Not RAFTLOCKD_CLIENT_EXPIRES_AT: that is the key lease's of the shell.
+		t.Errorf("keepalive --queue-state printed %q, want nothing", v["STATE_KEEPALIVE"])
 	}
 	if !strings.Contains(v["NO_SIDECAR"], "--queue-state: no state sidecar named") {
 		t.Errorf("update --queue-state after the ack: %q", v["NO_SIDECAR"])
