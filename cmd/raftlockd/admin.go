@@ -228,6 +228,11 @@ func verifyChecksum(w io.Writer, path string, f io.ReadSeeker) (string, error) {
 // writeFileAtomic writes path through a temporary file in the same
 // directory, renamed into place once complete and synced.
 func writeFileAtomic(path string, write func(io.Writer) (int64, error)) (n int64, err error) {
+	if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+		// Said before anything is written (a snapshot is not fetched only
+		// to be refused).
+		return 0, fmt.Errorf("%s is a directory: name the file to write", path)
+	}
 	tmp, err := os.CreateTemp(filepath.Dir(path), "."+filepath.Base(path)+".tmp-*")
 	if err != nil {
 		return 0, err

@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -172,11 +173,23 @@ func runBench(cmd *cobra.Command, bf *benchFlags) (err error) {
 		}
 		var ws []string
 		for _, w := range strings.Split(bf.workloads, ",") {
-			ws = append(ws, strings.TrimSpace(w))
+			w = strings.TrimSpace(w)
+			if !slices.Contains(bench.Workloads, w) {
+				return fmt.Errorf("--workload: unknown workload %q (want one of %s)", w, strings.Join(bench.Workloads, ", "))
+			}
+			ws = append(ws, w)
 		}
 		plan = bench.CrossPlan(ws, counts)
 	}
 	switch {
+	case bf.spawn < 0:
+		return fmt.Errorf("--spawn %d: want a number of servers to start (0: measure --server)", bf.spawn)
+	case bf.opts.Ops < 0, bf.opts.Payload < 0, bf.opts.Warmup < 0, bf.failoverRounds < 0, bf.rollbackBlocks < 0:
+		return fmt.Errorf("--ops, --payload, --warmup, --failover-rounds and --rollback-blocks cannot be negative")
+	case bf.opts.Ops == 0 && bf.opts.Duration <= 0:
+		return fmt.Errorf("--duration %v: want a positive time to measure (or --ops)", bf.opts.Duration)
+	case bf.islands < 1:
+		return fmt.Errorf("--islands: must be positive")
 	case bf.format != "table" && bf.format != "json" && bf.format != "markdown":
 		return fmt.Errorf("--format: want table, json or markdown")
 	case bf.peer != "" && bf.peer != "etcd":

@@ -1127,6 +1127,14 @@ func TestCLIRefusesIncompleteCommandsBeforeSendingThem(t *testing.T) {
 		{[]string{"client", "queue", "extend", "--server", down}, "no delivery named"},
 		{[]string{"client", "get", "--server", down, "--key", "k", "--timeout", "-1s"}, "--timeout -1s"},
 		{[]string{"client", "get", "--key", "k", "--bundle", "/nonexistent/b.pem"}, "--bundle /nonexistent/b.pem"},
+		{[]string{"bench", "--server", down, "--workload", "nosuch"}, `unknown workload "nosuch"`},
+		{[]string{"bench", "--server", down, "--spawn", "-2"}, "--spawn -2"},
+		{[]string{"bench", "--server", down, "--duration", "-1s"}, "--duration -1s"},
+		{[]string{"bench", "--server", down, "--ops", "-5"}, "cannot be negative"},
+		{[]string{"bench", "--server", down, "--payload", "-1"}, "cannot be negative"},
+		{[]string{"client", "utxo", "block", "rollback", "--server", down, "--to-height", "-5"}, "--to-height -5: a block height is 0 to"},
+		{[]string{"client", "utxo", "block", "rollback", "--server", down}, "--to-height is required"},
+		{[]string{"snapshot", "save", "--server", down, t.TempDir()}, "is a directory"},
 	} {
 		wantFailure(t, env, c.args, c.want)
 	}

@@ -197,8 +197,11 @@ failing transaction and input.`,
 		func(cmd *cobra.Command) func(*client.Client, context.Context) (any, error) {
 			to := cmd.Flags().Int64("to-height", -1, "the height to roll back to (required)")
 			return func(c *client.Client, ctx context.Context) (any, error) {
-				if *to < 0 || *to > 1<<32-1 {
+				switch {
+				case !cmd.Flags().Changed("to-height"):
 					return nil, errors.New("--to-height is required: a block height")
+				case *to < 0 || *to > 1<<32-1:
+					return nil, fmt.Errorf("--to-height %d: a block height is 0 to %d", *to, uint32(1<<32-1))
 				}
 				return c.UTXORollback(ctx, uint32(*to))
 			}
