@@ -78,11 +78,18 @@ func utxoCmd[Req, Resp any](opts *clientOpts, use, short string,
 	call func(*client.Client, context.Context, Req) (*Resp, error)) *cobra.Command {
 	var file string
 	cmd := &cobra.Command{
-		Use:   use + " [--file FILE|-]",
+		Use:   use + " [FILE|-]",
 		Short: short,
-		Long:  short + ".\n\nThe request is a JSON object with the fields\n\n" + wrap(jsonFields(reflect.TypeFor[Req]()), "    ", 76),
-		Args:  cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
+		Long: short + " (the JSON request read from FILE, --file or stdin).\n\nThe request is a JSON object with the fields\n\n" +
+			wrap(jsonFields(reflect.TypeFor[Req]()), "    ", 76),
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 1 {
+				if cmd.Flags().Changed("file") && args[0] != file {
+					return fmt.Errorf("the request is read from %s or from --file %s, not both", args[0], file)
+				}
+				file = args[0]
+			}
 			var req Req
 			if err := readRequest(cmd, file, &req); err != nil {
 				return err

@@ -69,6 +69,15 @@ func TestCLIUTXO(t *testing.T) {
 	if spent.Spent != 1 {
 		t.Fatalf("spend answered %+v", spent)
 	}
+	// The file may be named as the argument too (the same spend again is a
+	// success); not both ways at once.
+	utxo(&spent, "", "spend", spendFile)
+	if spent.Spent != 1 {
+		t.Fatalf("spend with the file as its argument answered %+v", spent)
+	}
+	if msg := refused("", "spend", spendFile, "--file", "other.json"); !strings.Contains(msg, "not both") {
+		t.Fatalf("spend naming two files: %q", msg)
+	}
 	tx = get("--stale")
 	out := tx.Outputs[0]
 	if out.SpendingTxID != child || out.Vin == nil || *out.Vin != 2 || out.SpendingData != child+"02000000" || tx.SpentOutputs != 1 {
