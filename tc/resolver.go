@@ -83,11 +83,15 @@ func (r *Resolver) run(ctx context.Context) {
 	var lastRegistry time.Time
 	for {
 		now := r.c.clock.Now()
-		if now.Sub(lastRegistry) >= r.registry || r.c.learned.Swap(false) {
+		// A sync that is due anyway also serves what the island learned.
+		if learned := r.c.learned.Swap(false); learned || now.Sub(lastRegistry) >= r.registry {
+			// A failed sync is tried again at the next interval too, not
+			// every round: an island that does not answer would hold up
+			// each round by the fan-out timeout.
+			lastRegistry = now
 			if err := r.c.SyncRegistry(ctx); err != nil && ctx.Err() == nil {
-				r.c.cfg.Logger.Warn("registering this island with the others failed", "error", err)
-			} else {
-				lastRegistry = now
+				r.c.cfg.Logger.Warn("registering this island with the others failed; trying again later",
+					"retry_in", r.registry, "error", err)
 			}
 		}
 		next := r.round(ctx, backoff)
@@ -124,14 +128,20 @@ func (r *Resolver) round(ctx context.Context, backoff map[string]retry) (next ti
 			next = t
 		}
 	}
-	// pick collects due work that is not backing off.
+	// pick collects due work that is not backing off, and no decision a
+	// request is fanning out (if that fails, a later round replays it): a
+	// batch of such decisions would otherwise leave the round with nothing
+	// to do and the work after them unreached.
 	pick := func(kind string, out *[]string) func(id string) bool {
 		seen := 0
 		return func(id string) bool {
 			seen++
-			if b, ok := backoff[kind+id]; ok && now.Before(b.at) {
+			_, busy := r.c.fanning.Load(id)
+			switch b, ok := backoff[kind+id]; {
+			case kind == "fanout/" && busy:
+			case ok && now.Before(b.at):
 				plan(b.at)
-			} else {
+			default:
 				*out = append(*out, id)
 			}
 			return len(*out) < batch && seen < scan
@@ -158,7 +168,7 @@ func (r *Resolver) round(ctx context.Context, backoff map[string]retry) (next ti
 	var jobs []job
 	for _, id := range fan {
 		if _, busy := r.c.fanning.Load(id); busy {
-			continue // a request is fanning it out; if it fails, a later round replays it
+			continue // a request began fanning it out since the read
 		}
 		jobs = append(jobs, job{"fanout/" + id, func() error {
 			rec, err := r.c.record(ctx, id)
