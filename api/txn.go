@@ -76,9 +76,9 @@ func (h *handler) leaderOnly(fn func(http.ResponseWriter, *http.Request) error) 
 			e.LeaderEndpoint, e.RetryAfter = endpoint, 1
 			return e
 		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, h.MaxBodyBytes))
+		body, err := readBody(w, r, h.MaxBodyBytes)
 		if err != nil {
-			return errcode.RequestTooLarge.With("request body exceeds %d bytes", h.MaxBodyBytes)
+			return err
 		}
 		req, err := http.NewRequestWithContext(r.Context(), r.Method, endpoint+r.URL.RequestURI(), bytes.NewReader(body))
 		if err != nil {
