@@ -302,9 +302,13 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 	}, func(r *fsm.Result) bool { return r.Queue.Message != nil })
 	switch {
 	case err != nil:
-		// The dequeue may have been applied all the same: a waiting
-		// consumer nobody stands behind must leave.
-		if wait > 0 && mayStandInLine(res, err) {
+		// The dequeue may have been applied all the same (its answer was
+		// lost or came too late): a waiting consumer nobody stands behind
+		// must leave, and a message it was given must reach the caller,
+		// which hands it back when it cannot deliver it. So also without
+		// a wait, or the queue would look empty while the message stays
+		// leased to nobody.
+		if mayStandInLine(res, err) {
 			if res, cerr := q.withdraw(ctx, ns, queue, req); cerr == nil && res.Queue != nil && res.Queue.Message != nil {
 				return q.fetch(ctx, res.Queue.Message)
 			}

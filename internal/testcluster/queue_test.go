@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/raftlockd/raftlockd/internal/testutil"
 	"github.com/raftlockd/raftlockd/wire"
 )
 
@@ -89,4 +90,48 @@ func TestBlockedConsumerGetsAMessageEnqueuedOnAnotherNode(t *testing.T) {
 	waitFor(t, 5*time.Second, "the leader to push the delivery", func() bool {
 		return counter(t, c, leader, "raftlockd_grants_pushed_total") > pushed
 	})
+}
+
+// A no-wait dequeue forwarded to the leader whose answer comes back after
+// the request's deadline may have leased a message: the follower finds out
+// (it withdraws the request, which answers the delivery it got) and hands
+// the message back, without spending an attempt, instead of answering that
+// the queue is empty and leaving the message leased to nobody until its
+// visibility timeout.
+func TestADequeueWhoseAnswerCameTooLateHandsItsMessageBack(t *testing.T) {
+	c := Start(t, 3)
+	leader := c.WaitLeader(10 * time.Second)
+	f := (leader + 1) % 3
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// Enqueued through the follower, so that its connection to the leader
+	// is open before the delay.
+	if _, err := c.RetryingClient(f).Enqueue(ctx, wire.EnqueueRequest{Queue: "late"}, []byte("m")); err != nil {
+		t.Fatal(err)
+	}
+	stats := func() *wire.QueueStatsResponse {
+		st, err := c.Client(leader).QueueStats(ctx, "", "late", false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	// The request reaches the leader within its deadline; the answer
+	// comes back after it.
+	c.Fabric.Delay(c.Nodes[leader].Name, c.Nodes[f].Name, 300*time.Millisecond)
+	short, stop := context.WithTimeout(ctx, 500*time.Millisecond)
+	_, err := c.Client(f).Dequeue(short, wire.DequeueRequest{Queue: "late", Owner: "o", WaitSeconds: wire.BlockNoWait,
+		VisibilityTimeoutSeconds: 60})
+	stop()
+	t.Logf("the dequeue answered %v", err)
+	testutil.WaitFor(t, 10*time.Second, "the late dequeue to lease the message", func() bool { return stats().InFlight == 1 })
+	testutil.WaitFor(t, 10*time.Second, "the message to be ready again", func() bool { return stats().Ready == 1 })
+	c.Fabric.Heal()
+	d, err := c.RetryingClient(leader).Dequeue(ctx, wire.DequeueRequest{Queue: "late", Owner: "o2", WaitSeconds: wire.BlockNoWait})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.Message.FailureAttempts != 0 {
+		t.Fatalf("the handed-back message counts %d failed deliveries, want 0", d.Message.FailureAttempts)
+	}
 }
