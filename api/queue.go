@@ -271,13 +271,18 @@ func (h *handler) queueEnqueue(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// maxPrefetch bounds a subscription's unfinished deliveries (page_size):
+// one stream does not lease a whole queue, and the server watches each of
+// them.
+const maxPrefetch = 100
+
 // dequeueRequest is a decoded dequeue or subscribe request.
 type dequeueRequest struct {
 	params       rm.DequeueParams
 	wait         int64 // wait_seconds as sent: -1 no wait, 0 the server's maximum
 	includeState bool  // add a "state" part: the sidecar's committed document
 	stream       bool  // one of many deliveries of a subscription
-	prefetch     int   // a subscription's deliveries not yet ended, at most (page_size, at least 1)
+	prefetch     int   // a subscription's deliveries not yet ended, at most (page_size, 1 to maxPrefetch)
 }
 
 func (h *handler) decodeDequeue(w http.ResponseWriter, r *http.Request, withState bool) (dequeueRequest, error) {
@@ -290,7 +295,7 @@ func (h *handler) decodeDequeue(w http.ResponseWriter, r *http.Request, withStat
 		return dequeueRequest{}, err
 	}
 	q := r.URL.Query()
-	d := dequeueRequest{wait: req.WaitSeconds, includeState: include && withState, prefetch: max(1, req.PageSize), params: rm.DequeueParams{
+	d := dequeueRequest{wait: req.WaitSeconds, includeState: include && withState, prefetch: min(max(1, req.PageSize), maxPrefetch), params: rm.DequeueParams{
 		Namespace:      firstNonEmpty(req.Namespace, q.Get("namespace")),
 		Queue:          firstNonEmpty(req.Queue, q.Get("queue")),
 		Owner:          firstNonEmpty(req.Owner, q.Get("owner")),

@@ -11,6 +11,7 @@ import (
 	"mime/multipart"
 	"net/http"
 	"net/textproto"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -1066,5 +1067,43 @@ func TestClientHandsBackADeliveryItCouldNotRead(t *testing.T) {
 			"meta_etag": next.meta.Message.MetaETag, "intent": wire.NackIntentDefer}); r.status != http.StatusOK {
 			t.Fatalf("nack: %d %s", r.status, r.body)
 		}
+	}
+}
+
+// A subscription holds at most 100 unfinished deliveries, whatever
+// page_size it asks for: with wait_seconds -1 its stream ends there, and
+// the rest stays ready for other consumers.
+func TestQueueSubscribeHoldsAtMostAHundredDeliveries(t *testing.T) {
+	e := newEnv(t)
+	for i := range 101 {
+		e.enqueue("wide", strconv.Itoa(i))
+	}
+	req, _ := http.NewRequestWithContext(testCtx(t), http.MethodPost, e.url+"/v1/queue/subscribe",
+		strings.NewReader(`{"queue":"wide","owner":"sub","wait_seconds":-1,"page_size":1000}`))
+	res, err := e.hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer res.Body.Close()
+	_, params, _ := mime.ParseMediaType(res.Header.Get("Content-Type"))
+	mr := multipart.NewReader(res.Body, params["boundary"])
+	delivered := 0
+	for {
+		p, err := mr.NextPart()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p.FormName() == wire.PartMeta {
+			var meta wire.DequeueResponse
+			if json.NewDecoder(p).Decode(&meta) == nil && meta.Message != nil {
+				delivered++
+			}
+		}
+	}
+	if st := e.stats("wide"); delivered != 100 || st.Ready != 1 || st.InFlight != 100 {
+		t.Fatalf("the stream delivered %d messages (stats %+v), want 100 and one left ready", delivered, st)
 	}
 }
