@@ -508,8 +508,9 @@ func (s *Server) Node() *cluster.Node { return s.node }
 // Registry returns the node's metrics registry.
 func (s *Server) Registry() *prometheus.Registry { return s.registry }
 
-// Close stops accepting requests, lets in-flight ones finish until ctx ends,
-// then stops the sweeper and the Raft node and flushes the state file.
+// Close stops accepting requests, lets in-flight ones finish for
+// drainGrace (and no longer than ctx), ends those that still wait, then
+// stops the sweeper and the Raft node and flushes the state file.
 // Later calls return the first call's result.
 func (s *Server) Close(ctx context.Context) error {
 	s.closeOnce.Do(func() {
@@ -580,13 +581,29 @@ func (f *freshConns) closeAll() {
 	clear(f.conns)
 }
 
+// drainGrace is how long shutdown lets the requests in flight finish before
+// it ends them: a write being applied gets its answer (an answer cut short
+// would leave its client not knowing whether it took effect), while
+// requests that wait (blocked acquires, dequeue waits, subscriptions) are
+// then told to retry elsewhere.
+const drainGrace = 500 * time.Millisecond
+
 func (s *Server) close(ctx context.Context) error {
-	// Requests still waiting (blocked acquires) are told to retry elsewhere.
-	e := errcode.ShuttingDown.With("node is shutting down")
-	e.RetryAfter = 1
-	s.drain(e)
 	s.fresh.closeAll()
-	err := s.http.Shutdown(ctx)
+	shut := make(chan error, 1)
+	go func() { shut <- s.http.Shutdown(ctx) }()
+	grace := time.NewTimer(drainGrace)
+	var err error
+	select {
+	case err = <-shut:
+		grace.Stop()
+	case <-grace.C:
+		e := errcode.ShuttingDown.With("node is shutting down")
+		e.RetryAfter = 1
+		s.drain(e)
+		err = <-shut
+	}
+	s.drain(errcode.ShuttingDown.With("node is shutting down")) // the server's own context
 	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		err = s.http.Close()
 	}

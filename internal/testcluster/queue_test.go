@@ -135,3 +135,33 @@ func TestADequeueWhoseAnswerCameTooLateHandsItsMessageBack(t *testing.T) {
 		t.Fatalf("the handed-back message counts %d failed deliveries, want 0", d.Message.FailureAttempts)
 	}
 }
+
+// A write a follower is forwarding when it shuts down gets its answer: the
+// follower lets requests in flight finish for a moment before it ends
+// them, so a client that could not send the write again (no idempotency
+// key) learns that it took effect instead of getting shutdown_draining.
+func TestAWriteInFlightAtShutdownGetsItsAnswer(t *testing.T) {
+	c := Start(t, 3)
+	leader := c.WaitLeader(10 * time.Second)
+	f := (leader + 1) % 3
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	producer := c.Client(f)
+	if _, err := producer.EnqueueWithKey(ctx, wire.EnqueueRequest{Queue: "warm"}, []byte("m"), ""); err != nil {
+		t.Fatal(err) // the follower's connection to the leader is open
+	}
+	c.Fabric.Delay(c.Nodes[leader].Name, c.Nodes[f].Name, 150*time.Millisecond)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := producer.EnqueueWithKey(ctx, wire.EnqueueRequest{Queue: "inflight"}, []byte("m"), "")
+		errc <- err
+	}()
+	testutil.WaitFor(t, 10*time.Second, "the leader to apply the enqueue", func() bool {
+		st, err := c.Client(leader).QueueStats(ctx, "", "inflight", true)
+		return err == nil && st.Ready == 1
+	})
+	c.Stop(f)
+	if err := <-errc; err != nil {
+		t.Fatalf("the enqueue in flight at shutdown answered %v, want its success", err)
+	}
+}
