@@ -99,16 +99,7 @@ func TestBlockedConsumerGetsAMessageEnqueuedOnAnotherNode(t *testing.T) {
 // the queue is empty and leaving the message leased to nobody until its
 // visibility timeout.
 func TestADequeueWhoseAnswerCameTooLateHandsItsMessageBack(t *testing.T) {
-	c := Start(t, 3)
-	leader := c.WaitLeader(10 * time.Second)
-	f := (leader + 1) % 3
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	// Enqueued through the follower, so that its connection to the leader
-	// is open before the delay.
-	if _, err := c.RetryingClient(f).Enqueue(ctx, wire.EnqueueRequest{Queue: "late"}, []byte("m")); err != nil {
-		t.Fatal(err)
-	}
+	c, leader, f, ctx := slowFollower(t, "late")
 	stats := func() *wire.QueueStatsResponse {
 		st, err := c.Client(leader).QueueStats(ctx, "", "late", false)
 		if err != nil {
@@ -141,15 +132,8 @@ func TestADequeueWhoseAnswerCameTooLateHandsItsMessageBack(t *testing.T) {
 // them, so a client that could not send the write again (no idempotency
 // key) learns that it took effect instead of getting shutdown_draining.
 func TestAWriteInFlightAtShutdownGetsItsAnswer(t *testing.T) {
-	c := Start(t, 3)
-	leader := c.WaitLeader(10 * time.Second)
-	f := (leader + 1) % 3
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
+	c, leader, f, ctx := slowFollower(t, "warm")
 	producer := c.Client(f)
-	if _, err := producer.EnqueueWithKey(ctx, wire.EnqueueRequest{Queue: "warm"}, []byte("m"), ""); err != nil {
-		t.Fatal(err) // the follower's connection to the leader is open
-	}
 	c.Fabric.Delay(c.Nodes[leader].Name, c.Nodes[f].Name, 150*time.Millisecond)
 	errc := make(chan error, 1)
 	go func() {
@@ -164,4 +148,20 @@ func TestAWriteInFlightAtShutdownGetsItsAnswer(t *testing.T) {
 	if err := <-errc; err != nil {
 		t.Fatalf("the enqueue in flight at shutdown answered %v, want its success", err)
 	}
+}
+
+// slowFollower starts a cluster of three and enqueues a message to queue
+// through a follower f, so that f's connection to the leader is open before
+// a test delays it. ctx ends with the test.
+func slowFollower(t *testing.T, queue string) (c *Cluster, leader, f int, ctx context.Context) {
+	t.Helper()
+	c = Start(t, 3)
+	leader = c.WaitLeader(10 * time.Second)
+	f = (leader + 1) % 3
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	if _, err := c.RetryingClient(f).Enqueue(ctx, wire.EnqueueRequest{Queue: queue}, []byte("m")); err != nil {
+		t.Fatal(err)
+	}
+	return c, leader, f, ctx
 }
