@@ -1,6 +1,7 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"io"
 	"net/http"
@@ -10,6 +11,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/raftlockd/raftlockd/errcode"
 )
@@ -51,12 +53,30 @@ func TestEveryErrorCodeHasAStatusAndIsDocumented(t *testing.T) {
 	}
 }
 
-// followerOf is a follower whose leader is at endpoint.
-type followerOf struct{ endpoint string }
+// followerOf is a follower whose leader is at endpoint; when moved is
+// not nil, the leader moves once it is closed.
+type followerOf struct {
+	endpoint string
+	moved    chan struct{}
+}
 
 func (followerOf) IsLeader() bool                  { return false }
 func (f followerOf) Leader() (id, endpoint string) { return "n1", f.endpoint }
 func (followerOf) BackendHash() string             { return "island" }
+
+func (f followerOf) WhileLeads(ctx context.Context, _ string) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	if f.moved != nil {
+		go func() {
+			select {
+			case <-f.moved:
+				cancel(errors.New("the leader changed"))
+			case <-ctx.Done():
+			}
+		}()
+	}
+	return ctx, func() { cancel(nil) }
+}
 
 // brokenBody is a request body that breaks off.
 type brokenBody struct{}
@@ -67,7 +87,7 @@ func (brokenBody) Read([]byte) (int, error) { return 0, io.ErrUnexpectedEOF }
 // leader: a body that breaks off is invalid_body, not request_too_large,
 // and only a body over the limit is request_too_large.
 func TestAFollowerReadsACoordinatorRequestAsTheLeaderDoes(t *testing.T) {
-	h := &handler{Options: Options{MaxBodyBytes: 64, NodeID: "n2", LeaderOf: followerOf{"http://127.0.0.1:1"}}}
+	h := &handler{Options: Options{MaxBodyBytes: 64, NodeID: "n2", LeaderOf: followerOf{endpoint: "http://127.0.0.1:1"}}}
 	next := func(http.ResponseWriter, *http.Request) error { t.Fatal("served on a follower"); return nil }
 	for body, want := range map[io.Reader]*errcode.Error{
 		brokenBody{}: errcode.InvalidBody,
@@ -77,5 +97,37 @@ func TestAFollowerReadsACoordinatorRequestAsTheLeaderDoes(t *testing.T) {
 		if err := h.leaderOnly(next)(httptest.NewRecorder(), r); !errors.Is(err, want) {
 			t.Errorf("%T body: %v, want %s", body, err, want.Code)
 		}
+	}
+}
+
+// A coordinator request a follower hands to a leader that stops answering
+// (a paused process) ends once another leader is known: 503 unavailable,
+// to be retried, instead of waiting for as long as the client does.
+func TestAFollowerStopsWaitingForALeaderThatMoved(t *testing.T) {
+	stop := make(chan struct{})
+	hung := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select {
+		case <-r.Context().Done():
+		case <-stop:
+		}
+	}))
+	t.Cleanup(hung.Close)
+	t.Cleanup(func() { close(stop) }) // before hung.Close
+	moved := make(chan struct{})
+	h := &handler{Options: Options{MaxBodyBytes: 64, NodeID: "n2", LeaderOf: followerOf{hung.URL, moved}}}
+	next := func(http.ResponseWriter, *http.Request) error { t.Fatal("served on a follower"); return nil }
+	errc := make(chan error, 1)
+	go func() {
+		r := httptest.NewRequest(http.MethodPost, "/v1/txn/decide", strings.NewReader("{}"))
+		errc <- h.leaderOnly(next)(httptest.NewRecorder(), r)
+	}()
+	close(moved)
+	select {
+	case err := <-errc:
+		if !errors.Is(err, errcode.Unavailable) {
+			t.Fatalf("the forward to a leader that moved answered %v, want unavailable", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the forward still waits for a leader that moved")
 	}
 }

@@ -3,6 +3,7 @@ package api
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"sort"
@@ -41,6 +42,9 @@ type Leader interface {
 	IsLeader() bool
 	Leader() (id, endpoint string)
 	BackendHash() string
+	// WhileLeads bounds a request handed to leader id: its context ends
+	// soon after id stops leading.
+	WhileLeads(ctx context.Context, id string) (context.Context, context.CancelFunc)
 }
 
 func (h *handler) routeTxn(route func(method, path string, fn func(http.ResponseWriter, *http.Request) error)) {
@@ -80,15 +84,29 @@ func (h *handler) leaderOnly(fn func(http.ResponseWriter, *http.Request) error) 
 		if err != nil {
 			return err
 		}
-		req, err := http.NewRequestWithContext(r.Context(), r.Method, endpoint+r.URL.RequestURI(), bytes.NewReader(body))
+		// A leader that vanished without closing its connections (a paused
+		// process, a cut network) is not waited for past its successor's
+		// election.
+		fctx, done := h.LeaderOf.WhileLeads(r.Context(), id)
+		defer done()
+		req, err := http.NewRequestWithContext(fctx, r.Method, endpoint+r.URL.RequestURI(), bytes.NewReader(body))
 		if err != nil {
 			return errcode.Internal.With("forwarding: %v", err)
 		}
 		req.Header = r.Header.Clone()
 		req.Header.Set(wire.HeaderForwardedBy, h.NodeID)
+		if cid := correlation(r.Context()); cid != "" {
+			req.Header.Set(wire.HeaderCorrelationID, cid)
+		}
 		resp, err := h.peerHTTP().Do(req)
 		if err != nil {
-			e := errcode.Unavailable.With("forwarding to the leader %s: %v", id, err)
+			if r.Context().Err() != nil {
+				return fmt.Errorf("api: forwarding to the leader %s: %w", id, r.Context().Err())
+			}
+			e := errcode.Unavailable.With("forwarding to the leader %s: %v", id, context.Cause(fctx))
+			if fctx.Err() == nil {
+				e = errcode.Unavailable.With("forwarding to the leader %s: %v", id, err)
+			}
 			e.RetryAfter = 1
 			return e
 		}

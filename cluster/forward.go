@@ -82,6 +82,20 @@ func (n *Node) leaderBound(ctx context.Context, addr raft.ServerAddress) (contex
 	return bctx, func() { cancel(nil) }
 }
 
+// WhileLeads returns a context that ends with ctx, or a heartbeat timeout
+// after this node learns that id no longer leads (at once when id does not
+// lead now), as leaderBound's: for a request handed to that leader over
+// another channel (its API) than Raft's.
+func (n *Node) WhileLeads(ctx context.Context, id string) (context.Context, context.CancelFunc) {
+	addr, lid := n.raft.LeaderWithID()
+	if lid == "" || string(lid) != id {
+		gone, cancel := context.WithCancelCause(ctx)
+		cancel(errLeaderMoved)
+		return gone, func() {}
+	}
+	return n.leaderBound(ctx, addr)
+}
+
 // movedError is what a call abandoned by leaderBound returns.
 func movedError(method, addr string) error {
 	e := errcode.Unavailable.With("%s to %s: the leader changed while the request was in flight; retry it", method, addr)

@@ -500,3 +500,32 @@ func leaderWithin(t *testing.T, nodes []*Node) *Node {
 	waitFor(t, 30*time.Second, "a leader", func() bool { l = currentLeader(nodes); return l != nil })
 	return l
 }
+
+// WhileLeads bounds a request handed to the leader over its API: its
+// context ends at once when the named server does not lead, and soon after
+// leadership moves away from it.
+func TestWhileLeadsEndsWhenTheLeaderChanges(t *testing.T) {
+	first := gossipConfig(t, "n1", 3, nil)
+	join := []string{first.Gossip.Bind}
+	var nodes []*Node
+	for _, cfg := range []Config{first, gossipConfig(t, "n2", 3, join), gossipConfig(t, "n3", 3, join)} {
+		nodes = append(nodes, openNode(t, cfg))
+	}
+	old := leaderWithin(t, nodes)
+	f := followers(nodes, old)[0]
+	if ctx, done := f.WhileLeads(context.Background(), "nobody"); ctx.Err() == nil {
+		done()
+		t.Fatal("bound to a server that does not lead, the context goes on")
+	}
+	ctx, done := f.WhileLeads(context.Background(), old.ID())
+	defer done()
+	if ctx.Err() != nil {
+		t.Fatalf("bound to the leader, the context ended: %v", context.Cause(ctx))
+	}
+	waitFor(t, 15*time.Second, "the context to end once "+old.ID()+" no longer leads", func() bool {
+		if old.IsLeader() {
+			_ = old.raft.LeadershipTransferToServer(raft.ServerID(f.ID()), raft.ServerAddress(f.RaftAddr())).Error()
+		}
+		return ctx.Err() != nil
+	})
+}
