@@ -81,17 +81,24 @@ type retry struct {
 func (r *Resolver) run(ctx context.Context) {
 	backoff := map[string]retry{}
 	var lastRegistry time.Time
+	syncEvery := r.registry
+	var failed time.Duration // the pause after the last failed sync; 0 after a success
 	for {
 		now := r.c.clock.Now()
 		// A sync that is due anyway also serves what the island learned.
-		if learned := r.c.learned.Swap(false); learned || now.Sub(lastRegistry) >= r.registry {
-			// A failed sync is tried again at the next interval too, not
-			// every round: an island that does not answer would hold up
-			// each round by the fan-out timeout.
+		if learned := r.c.learned.Swap(false); learned || now.Sub(lastRegistry) >= syncEvery {
+			// A failed sync is tried again after a growing pause (up to
+			// the interval), not every round: an island that does not
+			// answer would hold up each round by the fan-out timeout.
 			lastRegistry = now
-			if err := r.c.SyncRegistry(ctx); err != nil && ctx.Err() == nil {
+			switch err := r.c.SyncRegistry(ctx); {
+			case err == nil:
+				syncEvery, failed = r.registry, 0
+			case ctx.Err() == nil:
+				failed = min(max(2*failed, time.Second), r.registry)
+				syncEvery = failed
 				r.c.cfg.Logger.Warn("registering this island with the others failed; trying again later",
-					"retry_in", r.registry, "error", err)
+					"retry_in", syncEvery, "error", err)
 			}
 		}
 		next := r.round(ctx, backoff)

@@ -166,9 +166,10 @@ func TestDecisionsBeingFannedOutDoNotFillTheResolversBatch(t *testing.T) {
 	}
 }
 
-// A registry sync that fails is tried again after the registry interval,
-// not at every round (each would wait for the island that does not answer).
-func TestAFailedRegistrySyncWaitsForTheNextInterval(t *testing.T) {
+// A registry sync that fails is tried again after a pause (a second, then
+// growing up to the registry interval), not at every round: each would
+// wait for the island that does not answer.
+func TestAFailedRegistrySyncIsTriedAgainAfterAPause(t *testing.T) {
 	c, remote := islandWithDownPeer(t)
 	if err := c.SyncRegistry(context.Background()); err == nil {
 		t.Fatal("a sync with an island that answers nothing succeeded")
