@@ -155,9 +155,8 @@ restart. --disable-mtls serves plain HTTP to anyone (development only).`,
 const serverEnv = "RAFTLOCKD_"
 
 // unknownEnv lists the variables under prefix that stand in for no flag of
-// fs, leaving out those under the prefixes of other commands.
-// unknownEnv lists the variables of prefix that name no flag of fs, none of
-// names and begin with none of others.
+// fs and are none of names, leaving out those under the prefixes of other
+// commands (others).
 func unknownEnv(fs *pflag.FlagSet, prefix string, names []string, others ...string) []string {
 	known := map[string]bool{}
 	fs.VisitAll(func(f *pflag.Flag) { known[flagEnv(prefix, f)] = true })
