@@ -214,8 +214,8 @@ func walk(b *bolt.Bucket) error {
 // denylist gets the current one's serials, its trust list loses the CAs
 // removed from the current one, and the island keeps its backend hash and
 // its own registry entry. Documents, versions, leases, queues and
-// transactions are the file's. The caller must keep commands from being applied between
-// this call and the restore.
+// transactions are the file's. The caller must keep commands from being
+// applied between this call and the restore.
 func (f *FSM) PrepareRestore(path string) error {
 	return guard(func() error {
 		db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
