@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/wire"
 )
 
 // Every code the server can answer with has its status in the one table
@@ -129,5 +130,31 @@ func TestAFollowerStopsWaitingForALeaderThatMoved(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("the forward still waits for a leader that moved")
+	}
+}
+
+// A follower hands a coordinator request to the leader with what is left
+// of the client's X-Raftlockd-Timeout, not the whole of it again.
+func TestAFollowerPassesOnWhatIsLeftOfTheTimeout(t *testing.T) {
+	got := make(chan string, 1)
+	leader := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Get(wire.HeaderTimeout)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{}`))
+	}))
+	t.Cleanup(leader.Close)
+	h := &handler{Options: Options{MaxBodyBytes: 64, NodeID: "n2", LeaderOf: followerOf{endpoint: leader.URL}}}
+	next := func(http.ResponseWriter, *http.Request) error { t.Fatal("served on a follower"); return nil }
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second) // as withClientTimeout sets it
+	defer cancel()
+	r := httptest.NewRequest(http.MethodPost, "/v1/txn/decide", strings.NewReader("{}")).WithContext(ctx)
+	r.Header.Set(wire.HeaderTimeout, "2s")
+	time.Sleep(50 * time.Millisecond) // time that passes on the follower
+	if err := h.leaderOnly(next)(httptest.NewRecorder(), r); err != nil {
+		t.Fatal(err)
+	}
+	left, err := time.ParseDuration(<-got)
+	if err != nil || left >= 1950*time.Millisecond || left <= time.Second {
+		t.Fatalf("the leader was given %v (%v), want what is left of 2s after 50ms", left, err)
 	}
 }

@@ -98,6 +98,12 @@ func (h *handler) leaderOnly(fn func(http.ResponseWriter, *http.Request) error) 
 		if cid := correlation(r.Context()); cid != "" {
 			req.Header.Set(wire.HeaderCorrelationID, cid)
 		}
+		// The client's X-Raftlockd-Timeout, less what has passed here.
+		if d, ok := r.Context().Deadline(); ok {
+			if left := time.Until(d).Truncate(time.Millisecond); left > 0 {
+				req.Header.Set(wire.HeaderTimeout, left.String())
+			}
+		}
 		resp, err := h.peerHTTP().Do(req)
 		if err != nil {
 			if r.Context().Err() != nil {
