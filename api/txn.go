@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"sort"
+	"strings"
 	"time"
 
 	"github.com/raftlockd/raftlockd/cluster"
@@ -281,6 +282,9 @@ func (h *handler) rmRegister(remove bool) func(http.ResponseWriter, *http.Reques
 		ep, err := cluster.NormalizeEndpoint(req.Endpoint)
 		if err != nil {
 			return err
+		}
+		if h.Auth != nil && !remove && strings.HasPrefix(ep, "http://") {
+			return errcode.InvalidEndpoint.With("%q: with mTLS, islands are called over https", req.Endpoint)
 		}
 		change := fsm.RMRegisterCmd{Backend: backend, Endpoint: ep, Remove: remove, PassedOn: req.PassedOn}
 		if req.PassedOn {

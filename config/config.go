@@ -263,7 +263,12 @@ func (s *Server) Validate() error {
 	for _, p := range s.TCPeers {
 		if u, err := url.Parse(p); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			errs = append(errs, fmt.Errorf("tc-peer %q: want an http(s) URL", p))
+		} else if u.Scheme == "http" && !s.DisableMTLS {
+			errs = append(errs, fmt.Errorf("tc-peer %q: with mTLS, peers are called over https", p))
 		}
+	}
+	if u, err := url.Parse(s.APIAdvertise); s.APIAdvertise != "" && err == nil && strings.EqualFold(u.Scheme, "http") && !s.DisableMTLS {
+		errs = append(errs, fmt.Errorf("api-advertise %q: with mTLS, the API is served over https", s.APIAdvertise))
 	}
 	if s.GossipProfile != "lan" && s.GossipProfile != "fast" {
 		errs = append(errs, fmt.Errorf("gossip-profile %q: want lan or fast", s.GossipProfile))

@@ -112,3 +112,30 @@ func TestListenAddressesNeedAPort(t *testing.T) {
 		t.Fatalf("listen on any port: %v", err)
 	}
 }
+
+// With mTLS on, a peer is called and the API advertised over https only:
+// plain http would carry no certificate either way.
+func TestPeersOverHTTPSWithMTLS(t *testing.T) {
+	for _, c := range []struct {
+		set  func(*Server)
+		says string
+	}{
+		{func(s *Server) { s.TCPeers = []string{"http://10.0.0.2:9341"} }, `tc-peer "http://10.0.0.2:9341"`},
+		{func(s *Server) { s.APIAdvertise = "HTTP://10.0.0.2:9341" }, `api-advertise "HTTP://10.0.0.2:9341"`},
+	} {
+		s := Default()
+		c.set(&s)
+		if err := s.Validate(); err == nil || !strings.Contains(err.Error(), c.says) || !strings.Contains(err.Error(), "https") {
+			t.Fatalf("want %s refused: %v", c.says, err)
+		}
+		s.DisableMTLS = true
+		if err := s.Validate(); err != nil {
+			t.Fatalf("%s without mTLS: %v", c.says, err)
+		}
+	}
+	s := Default()
+	s.TCPeers, s.APIAdvertise = []string{"https://10.0.0.2:9341"}, "https://10.0.0.3:9341"
+	if err := s.Validate(); err != nil {
+		t.Fatalf("https peers: %v", err)
+	}
+}

@@ -429,14 +429,21 @@ func (l lateIsland) Endpoints() ([]string, time.Time, error) {
 
 // peerHTTP is the client a node uses to reach other nodes' and islands'
 // APIs: with mTLS it presents the node's server certificate and accepts
-// servers of the island's CA and of the CAs on its trust list.
+// servers of the island's CA and of the CAs on its trust list, and it
+// never calls a peer over plain http, where no certificate is checked.
 func peerHTTP(c *auth.Checker) *http.Client {
 	t := &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}
 	if c != nil {
 		t.DialTLSContext = c.DialPeer
+		t.DialContext = func(_ context.Context, _, addr string) (net.Conn, error) {
+			return nil, fmt.Errorf("%w: http://%s", errPlainPeer, addr)
+		}
 	}
 	return &http.Client{Transport: t}
 }
+
+// errPlainPeer refuses an http:// peer endpoint on a node that uses mTLS.
+var errPlainPeer = errors.New("server: this node uses mTLS and calls no peer over plain http")
 
 // lateLists are the access lists of the node's state, which is opened
 // after the peer client that checks against them is built.
