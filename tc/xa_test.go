@@ -773,11 +773,11 @@ func TestIslandsLearnEachOtherFromPeers(t *testing.T) {
 	// but answers 502.
 	ctx := context.Background()
 	// b and c are reachable: the new island's entry reaches them.
-	if _, err := a.client().RMRegister(ctx, wire.TCRMRegisterRequest{BackendHash: "gone", Endpoint: "http://" + testutil.FreeAddr(t)}, false); err != nil {
+	if _, err := a.client().RMRegister(ctx, wire.TCRMRegisterRequest{BackendHash: "gone", Endpoint: "https://" + testutil.FreeAddr(t)}, false); err != nil {
 		t.Fatalf("register gone: %v", err)
 	}
 	// The next change cannot reach "gone".
-	_, err := a.client().RMRegister(ctx, wire.TCRMRegisterRequest{BackendHash: "other", Endpoint: "http://" + testutil.FreeAddr(t)}, false)
+	_, err := a.client().RMRegister(ctx, wire.TCRMRegisterRequest{BackendHash: "other", Endpoint: "https://" + testutil.FreeAddr(t)}, false)
 	wantCode(t, err, http.StatusBadGateway, "tc_rm_replication_failed")
 	list, err := a.client().RMList(ctx)
 	if err != nil || len(list.Backends) != 5 {
@@ -1154,7 +1154,7 @@ func removalMissedByB(t *testing.T) (a, b *island, gone wire.TCRMRegisterRequest
 	a, b = startIsland(t, "a"), startIsland(t, "b")
 	register(t, a, b)
 	ctx := context.Background()
-	gone = wire.TCRMRegisterRequest{BackendHash: "gone", Endpoint: "http://" + testutil.FreeAddr(t)}
+	gone = wire.TCRMRegisterRequest{BackendHash: "gone", Endpoint: "https://" + testutil.FreeAddr(t)}
 	if _, err := a.client().RMRegister(ctx, gone, false); err != nil {
 		t.Fatal(err)
 	}
@@ -1256,7 +1256,7 @@ func TestReplayOnAPreparedIslandAnswersPendingWhileUndecided(t *testing.T) {
 func TestRegistryListIsUpdatedWhenAnIslandIsUnregistered(t *testing.T) {
 	a := startIsland(t, "a")
 	ctx := context.Background()
-	gone := wire.TCRMRegisterRequest{BackendHash: "gone", Endpoint: "http://" + testutil.FreeAddr(t)}
+	gone := wire.TCRMRegisterRequest{BackendHash: "gone", Endpoint: "https://" + testutil.FreeAddr(t)}
 	added, err := a.client().RMRegister(ctx, gone, false)
 	if err != nil {
 		t.Fatal(err)
