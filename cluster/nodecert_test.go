@@ -3,6 +3,7 @@ package cluster
 import (
 	"errors"
 	"io"
+	"net"
 	"testing"
 	"time"
 
@@ -77,5 +78,43 @@ func TestACertificateBoundToANodeIsThatNodesOnly(t *testing.T) {
 	t.Cleanup(func() { _ = wrong.Close() })
 	if _, err := layerOf(boundTLS(t, "n3"), "n3").Dial(raft.ServerAddress(wrong.RaftAddr()), 5*time.Second); !errors.Is(err, ErrOtherNode) {
 		t.Fatalf("dialling a server naming itself n1 with n2's certificate: %v", err)
+	}
+}
+
+// A certificate bound to a node cannot skip the node check by speaking the
+// protocol of builds older than the check: those never held one. A server
+// taking it that way is refused, and so is a server found behind it.
+func TestABoundCertificateIsRefusedOnTheOlderProtocol(t *testing.T) {
+	cfg := testConfig(t.TempDir(), "boot-a")
+	cfg.TLS = boundTLS(t, "n1")
+	n := open(t, cfg)
+	t.Cleanup(func() { _ = n.Close() })
+
+	c, err := dialProto(t.Context(), tlsNetwork{TCP{}, boundTLS(t, "n7")}, n.RaftAddr(), 5*time.Second, protoRaft)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := c.Read(make([]byte, 1)); !errors.Is(err, io.EOF) {
+		t.Fatalf("n7's certificate on the older protocol: %v, want the connection closed", err)
+	}
+	waitFor(t, 5*time.Second, "the refusal to be counted", func() bool { return n.mux.refusals.Load() == 1 })
+
+	older := layerOf(peerTLS(), "n3")
+	older.older = func(string) bool { return true }
+	if _, err := older.Dial(raft.ServerAddress(n.RaftAddr()), 5*time.Second); !errors.Is(err, ErrOtherNode) {
+		t.Fatalf("dialling, as an older build, a server with a bound certificate: %v", err)
+	}
+	// A certificate bound to none still speaks the older protocol.
+	c, err = dialProto(t.Context(), tlsNetwork{TCP{}, peerTLS()}, n.RaftAddr(), 5*time.Second, protoRaft)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	_ = c.SetReadDeadline(time.Now().Add(300 * time.Millisecond))
+	var ne net.Error
+	if _, err := c.Read(make([]byte, 1)); !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("an unbound certificate on the older protocol: %v, want the connection kept open", err)
 	}
 }

@@ -150,7 +150,7 @@ func (m *mux) route(c net.Conn) {
 		c.Close()
 		return
 	}
-	if b[0] == protoRaftIsland && !m.admitIsland(c) {
+	if b[0] == protoRaftIsland && !m.admitIsland(c) || b[0] == protoRaft && !m.admitOlder(c) {
 		c.Close()
 		return
 	}
@@ -208,6 +208,34 @@ func (m *mux) admitIsland(c net.Conn) bool {
 		m.log.Error(otherIsland, "server", id, "its_backend", theirs, "backend", ours, "remote", c.RemoteAddr().String())
 	}
 	return false
+}
+
+// admitOlder admits Raft from a build that names neither its island nor
+// its node. Certificates bound to a node came after both, so a server
+// presenting one speaks the newer protocol: taking the older one from it
+// would skip the check of the id it names in its Raft messages.
+func (m *mux) admitOlder(c net.Conn) bool {
+	err := m.checkUnbound(c)
+	if err != nil {
+		m.refusals.Add(1)
+		if m.refused.due() {
+			m.log.Error("refused Raft with a server whose certificate is another node's", "error", err, "remote", c.RemoteAddr().String())
+		}
+	}
+	return err == nil
+}
+
+// checkUnbound fails when c's peer presents a certificate bound to a node,
+// which a build that speaks the older protocol cannot hold.
+func (m *mux) checkUnbound(c net.Conn) error {
+	tc, ok := c.(*tls.Conn)
+	if m.certs == nil || !ok {
+		return nil
+	}
+	if bound := m.certs.PeerNode(tc.ConnectionState()); bound != "" {
+		return fmt.Errorf("%w: node %s's certificate without the node check", ErrOtherNode, bound)
+	}
+	return nil
 }
 
 // ErrOtherNode says that a server names itself with another node id than
@@ -352,7 +380,15 @@ func (s *streamLayer) Addr() net.Addr { return s.advertise }
 // expects.
 func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	if s.older != nil && s.older(string(addr)) {
-		return dialProto(context.Background(), s.network, string(addr), timeout, protoRaft)
+		c, err := dialProto(context.Background(), s.network, string(addr), timeout, protoRaft)
+		if err != nil {
+			return nil, err
+		}
+		if err := s.m.checkUnbound(c); err != nil {
+			c.Close()
+			return nil, fmt.Errorf("cluster: dial %s: %w", addr, err)
+		}
+		return c, nil
 	}
 	c, err := dialProto(context.Background(), s.network, string(addr), timeout, protoRaftIsland)
 	if err != nil {
