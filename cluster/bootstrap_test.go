@@ -367,3 +367,54 @@ func TestServersExpectingAnotherSizeAreReported(t *testing.T) {
 		t.Fatal("servers expecting different sizes bootstrapped")
 	}
 }
+
+// Servers that disagree on --bootstrap-expect bootstrap nothing, rather
+// than a cluster for each size that gathers; the operator's remedy (start
+// the odd ones with --bootstrap-expect 0) forms one cluster.
+func TestServersThatDisagreeOnTheSizeBootstrapNothing(t *testing.T) {
+	cfgs := sameFlags(t, []string{"n1", "n2", "n3", "n4", "n5"}, 3)
+	cfgs[0].Gossip.BootstrapExpect, cfgs[1].Gossip.BootstrapExpect = 2, 2
+	nodes := openAll(t, cfgs)
+	waitFor(t, 10*time.Second, "every server to see the four others", func() bool {
+		for _, n := range nodes {
+			alive := 0
+			for _, m := range n.Members() {
+				if m.Status == "alive" {
+					alive++
+				}
+			}
+			if alive != len(nodes) {
+				return false
+			}
+		}
+		return true
+	})
+	// Bootstrap attempts run every 200-300 ms: a second holds several.
+	for end := time.Now().Add(time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		for _, n := range nodes {
+			if n.HasState() {
+				t.Fatalf("%s bootstrapped with servers that expect another size", n.ID())
+			}
+		}
+	}
+	for i := range 2 {
+		if err := nodes[i].Close(); err != nil {
+			t.Fatal(err)
+		}
+		cfgs[i].Gossip.BootstrapExpect = 0
+		nodes[i] = openNode(t, cfgs[i])
+	}
+	waitFor(t, 30*time.Second, "one cluster of five", func() bool {
+		l := currentLeader(nodes)
+		return l != nil && len(voters(t, l)) == 5
+	})
+	bootstraps := 0
+	for _, n := range nodes {
+		if n.gossip.bootstrapped.Load() {
+			bootstraps++
+		}
+	}
+	if bootstraps != 1 {
+		t.Fatalf("%d bootstraps, want 1", bootstraps)
+	}
+}

@@ -313,7 +313,7 @@ func (g *gossip) joinLoop() {
 	// seconds at most.
 	start, complain := time.Now(), warnEvery{every: 30 * time.Second}
 	for {
-		if _, err := g.ml.Join(g.cfg.Join); err == nil {
+		if _, err := g.ml.Join(g.cfg.Join); g.joinedOthers(err) == nil {
 			g.joined.Store(true)
 			g.n.cfg.Logger.Info("joined the cluster's gossip", "via", g.cfg.Join)
 			return
@@ -330,6 +330,33 @@ func (g *gossip) joinLoop() {
 		}
 		backoff = min(2*backoff, 5*time.Second)
 	}
+}
+
+// joinedOthers is the outcome of a Join that returned err: memberlist
+// counts a push/pull with this node's own address (listed in --join like
+// every other) as a success, which it is only when that is all the list
+// names.
+func (g *gossip) joinedOthers(err error) error {
+	if err == nil && g.ml.NumMembers() < 2 && !g.onlySelf() {
+		return errors.New("only this node's own address answered")
+	}
+	return err
+}
+
+// onlySelf tells whether every --join address is this node's own gossip
+// address: there is nobody else to join.
+func (g *gossip) onlySelf() bool {
+	self := g.ml.LocalNode().Address()
+	for _, a := range g.cfg.Join {
+		host, port, err := net.SplitHostPort(a)
+		if err != nil {
+			return false
+		}
+		if ip, err := resolveHost(host); err != nil || net.JoinHostPort(ip, port) != self {
+			return false
+		}
+	}
+	return true
 }
 
 // bootstrapLoop starts a new cluster, once: when exactly BootstrapExpect
@@ -478,6 +505,9 @@ func (g *gossip) grantPromise(servers []raft.Server) error {
 		case m.meta.Expect == expect && !named[m.ID]:
 			g.mu.Unlock()
 			return fmt.Errorf("%s sees %s waiting for the same bootstrap", self, m.ID)
+		case m.meta.Expect > 0 && m.meta.Expect != expect:
+			g.mu.Unlock()
+			return fmt.Errorf("%s sees %s waiting for a bootstrap of %d servers, not %d", self, m.ID, m.meta.Expect, expect)
 		}
 	}
 	g.mu.Unlock()
@@ -550,10 +580,14 @@ func (g *gossip) bootstrap(servers []raft.Server) error {
 
 // bootstrapSet lists the alive servers waiting for the same bootstrap,
 // sorted by id; ok is false when some member already belongs to a cluster.
+// While a server without state waits for a bootstrap of another size, the
+// list is empty: servers that disagree on the size bootstrap nothing,
+// rather than a cluster each.
 func (g *gossip) bootstrapSet(expect int) ([]raft.Server, bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	var servers []raft.Server
+	disagree := false
 	for _, m := range g.members {
 		if m.Status != "alive" {
 			continue
@@ -564,6 +598,10 @@ func (g *gossip) bootstrapSet(expect int) ([]raft.Server, bool) {
 		if m.meta.Expect == expect {
 			servers = append(servers, raft.Server{Suffrage: raft.Voter, ID: raft.ServerID(m.ID), Address: raft.ServerAddress(m.RaftAddr)})
 		}
+		disagree = disagree || m.meta.Expect > 0 && m.meta.Expect != expect
+	}
+	if disagree {
+		return nil, true
 	}
 	slices.SortFunc(servers, func(a, b raft.Server) int {
 		switch {

@@ -221,3 +221,25 @@ func TestUnencryptedGossipSaysAKeyNeedsARestart(t *testing.T) {
 		t.Fatalf("a key for unencrypted gossip: %v", err)
 	}
 }
+
+// The same --join list on every server names the server itself: its own
+// address answering is no join, and it keeps trying the others until one
+// answers, even when none of them ever joins it in turn.
+func TestAJoinListWithItselfKeepsTryingTheOthers(t *testing.T) {
+	a, b := gossipConfig(t, "a", 2, nil), gossipConfig(t, "b", 2, nil)
+	b.Gossip.Join = []string{a.Gossip.Bind, b.Gossip.Bind} // a joins nobody
+	nb := openNode(t, b)
+	waitFor(t, 5*time.Second, "b's first join attempts", func() bool { return nb.gossip.ml != nil })
+	time.Sleep(time.Second) // b tries while a is not up yet
+	if nb.gossip.joined.Load() {
+		t.Fatal("b counts its own address answering as joining the cluster")
+	}
+	na := openNode(t, a)
+	waitFor(t, 15*time.Second, "a and b to meet and bootstrap", func() bool { return na.HasState() && nb.HasState() })
+
+	// A list that names only the server itself is nobody to wait for.
+	c := gossipConfig(t, "c", 1, nil)
+	c.Gossip.Join = []string{c.Gossip.Bind}
+	nc := openNode(t, c)
+	waitFor(t, 10*time.Second, "c to bootstrap alone", nc.HasState)
+}
