@@ -162,7 +162,7 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 	res, ev, err := proposeAndWait(ctx, k.store, wait, events, func(left int64) *fsm.Command {
 		cmd.Wait = left
 		return &fsm.Command{Op: fsm.OpAcquire, Acquire: cmd}
-	}, func(r *fsm.Result) bool { return r.Lease != nil })
+	}, func(r *fsm.Result) bool { return r.Lease != nil }, nil)
 	switch {
 	case err != nil:
 		// The acquire may have been applied all the same: a queued request
@@ -205,11 +205,13 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 // milliseconds and, unless its result settles the request, waits up to
 // wait for the event that ends it. It returns the settling result, or the
 // event, or neither once wait has passed or ctx ended. A state restored
-// from a backup may have lost the line the request stood in: the request
-// is proposed again for what is left of the wait (a request still in line
-// keeps its place).
+// from a backup (or installed from the leader's snapshot) may have lost
+// the line the request stood in, or the event that ended its wait: the
+// request is proposed again for what is left of the wait (a request still
+// in line keeps its place), after recheck, when given, found it unsettled.
 func proposeAndWait(ctx context.Context, s Store, wait time.Duration, events <-chan fsm.Event,
-	cmd func(left int64) *fsm.Command, settled func(*fsm.Result) bool) (*fsm.Result, *fsm.Event, error) {
+	cmd func(left int64) *fsm.Command, settled func(*fsm.Result) bool,
+	recheck func() (*fsm.Result, error)) (*fsm.Result, *fsm.Event, error) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	until := time.Now().Add(wait)
@@ -225,6 +227,11 @@ func proposeAndWait(ctx context.Context, s Store, wait time.Duration, events <-c
 		select {
 		case ev := <-events:
 			if ev.Kind == fsm.EventRestored {
+				if recheck != nil {
+					if res, err := recheck(); err != nil || settled(res) {
+						return res, nil, err
+					}
+				}
 				left = max(1, time.Until(until).Milliseconds())
 				continue
 			}

@@ -299,7 +299,12 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 	res, ev, err := proposeAndWait(ctx, q.store, wait, events, func(left int64) *fsm.Command {
 		cmd.Wait = left
 		return &fsm.Command{Op: fsm.OpDequeue, Dequeue: cmd}
-	}, func(r *fsm.Result) bool { return r.Queue.Message != nil })
+	}, func(r *fsm.Result) bool { return r.Queue != nil && r.Queue.Message != nil }, func() (*fsm.Result, error) {
+		// A dequeue proposed again takes the next ready message: the one
+		// it may have been handed in the steps the restore covered is
+		// found by leaving the line first.
+		return q.withdraw(ctx, ns, queue, req)
+	})
 	switch {
 	case err != nil:
 		// The dequeue may have been applied all the same (its answer was
