@@ -237,6 +237,7 @@ func TestAcquireRejectsBadInput(t *testing.T) {
 		{"lone low surrogate owner", `{"key":"a","owner":"o\udfff"}`, "", nil, 400, "invalid_body"},
 		{"long key", `{"key":"` + strings.Repeat("k", 600) + `","owner":"o"}`, "", nil, 400, "invalid_key"},
 		{"message-shaped key", `{"key":"q/jobs/msg/m1","owner":"o"}`, "", nil, 400, "invalid_key"},
+		{"state-sidecar-shaped key", `{"key":"q/jobs/state/m1","owner":"o"}`, "", nil, 400, "invalid_key"},
 		{"oversize body", `{"key":"a","owner":"` + strings.Repeat("o", 70<<10) + `"}`, "", nil, 413, "request_too_large"},
 		{"bad idempotency key", `{"key":"a","owner":"o"}`, "", map[string]string{wire.HeaderIdempotencyKey: strings.Repeat("i", 200)}, 400, "invalid_idempotency_key"},
 	}

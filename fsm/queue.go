@@ -255,6 +255,14 @@ func IsMessageKey(key string) bool {
 	return ok
 }
 
+// IsStateKey reports whether key has the shape of a message's state
+// sidecar: such a key is leased with its message, and its record is
+// forgotten once the message is gone.
+func IsStateKey(key string) bool {
+	_, _, ok := parseQueueKey(key, "/state/")
+	return ok
+}
+
 // parseMessageKey reverses MessageKey.
 func parseMessageKey(key string) (queue, id string, ok bool) { return parseQueueKey(key, "/msg/") }
 

@@ -128,6 +128,9 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 	if fsm.IsMessageKey(key) {
 		return nil, errcode.InvalidKey.With("keys of the form q/<queue>/msg/<id> name queue messages and cannot be acquired")
 	}
+	if fsm.IsStateKey(key) {
+		return nil, errcode.InvalidKey.With("keys of the form q/<queue>/state/<id> hold queue messages' state and are leased with their message")
+	}
 	ttl := k.ttl(p.TTLSeconds)
 	txn := p.TxnID
 	if txn == "" {
