@@ -419,3 +419,16 @@ func TestBlockMiningACreationWithAMissingRecordWritesIt(t *testing.T) {
 		t.Fatalf("vout 2 after block 2: %+v", o)
 	}
 }
+
+// A chain applied from its genesis block reaches back to height 0 at
+// most: the status does not wrap below it.
+func TestTheOldestRollbackOfAChainFromGenesisIsZero(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	g := blockCmd(0, btx(1, 1))
+	g.UTXOBlock.Prev = blockHash(99)
+	h.ok(g)
+	h.ok(blockCmd(1, btx(2, 1)))
+	if st := h.status(); st.OldestDelta != 0 || st.Deltas != 2 {
+		t.Fatalf("oldest rollback height %d with %d deltas, want 0 with 2", st.OldestDelta, st.Deltas)
+	}
+}

@@ -398,7 +398,7 @@ func (v *View) UTXOStatus() UTXOStatus {
 		Stats: *v.readUTXOStats(), Cursor: hex.EncodeToString(v.b(bucketMeta).Get(metaUTXOCursor))}
 	st.Tip = v.tipBlock()
 	if k, _ := v.b(bucketUTXOUndo).Cursor().First(); k != nil {
-		st.OldestDelta = binary.BigEndian.Uint32(k) - 1
+		st.OldestDelta = max(binary.BigEndian.Uint32(k), 1) - 1 // a chain from genesis rolls back to 0 at most
 	} else if st.Tip != nil {
 		st.OldestDelta = st.Tip.Height
 	}
