@@ -3,7 +3,6 @@ package api
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"net/http"
 
 	"github.com/raftlockd/raftlockd/errcode"
@@ -93,14 +92,8 @@ func decodeUTXO(w http.ResponseWriter, r *http.Request, limit int64, v any) erro
 	if err := decodeStrict(raw, v, "JSON"); err != nil {
 		return err
 	}
-	if rq, ok := v.(interface{ RequiredFields() []string }); ok {
-		var present map[string]json.RawMessage
-		_ = json.Unmarshal(raw, &present)
-		for _, f := range rq.RequiredFields() {
-			if rawJSON(present[f]) == nil {
-				return errcode.InvalidBody.With("%s needs %s", r.URL.Path, f)
-			}
-		}
+	if f := wire.MissingRequired(raw, v); f != "" {
+		return errcode.InvalidBody.With("%s needs %s", r.URL.Path, f)
 	}
 	return nil
 }

@@ -1,5 +1,10 @@
 package wire
 
+import (
+	"bytes"
+	"encoding/json"
+)
+
 // Bodies of the /v1/utxo/... endpoints. Transaction ids and hashes travel as
 // lowercase hex: a txid is 64 characters (32 bytes), a utxo_hash too.
 
@@ -130,6 +135,25 @@ type UTXOReassignRequest struct {
 	Vout        uint32 `json:"vout"`
 	UTXOHash    string `json:"utxo_hash"`
 	NewUTXOHash string `json:"new_utxo_hash"`
+}
+
+// MissingRequired names the first field that v's type requires
+// (RequiredFields) and raw, the JSON object v was decoded from, leaves out
+// or sets to null; "" when there is none. Decoding alone cannot tell: an
+// absent field decodes to its zero value.
+func MissingRequired(raw []byte, v any) string {
+	rq, ok := v.(interface{ RequiredFields() []string })
+	if !ok {
+		return ""
+	}
+	var present map[string]json.RawMessage
+	_ = json.Unmarshal(raw, &present)
+	for _, f := range rq.RequiredFields() {
+		if t := bytes.TrimSpace(present[f]); len(t) == 0 || bytes.Equal(t, []byte("null")) {
+			return f
+		}
+	}
+	return ""
 }
 
 // UTXOFlagRequest is the body of /v1/utxo/conflicting and /v1/utxo/locked.

@@ -15,6 +15,7 @@ import (
 
 	"github.com/raftlockd/raftlockd/client"
 	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/wire"
 )
 
 // `raftlockd client utxo ...`: the UTXO endpoints, one command each. A
@@ -181,6 +182,11 @@ func readRequest(cmd *cobra.Command, file string, v any) error {
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return fmt.Errorf("the request %s: unexpected data after the JSON object", from)
+	}
+	// The request is sent again from v, where an absent field is its zero
+	// value: what the API would refuse is refused here.
+	if f := wire.MissingRequired(raw, v); f != "" {
+		return fmt.Errorf("the request %s needs %s", from, f)
 	}
 	return nil
 }

@@ -145,4 +145,22 @@ func TestCLIUTXO(t *testing.T) {
 	if msg := refused("", "height"); !strings.Contains(msg, "no request on stdin") {
 		t.Errorf("height without a request: %q", msg)
 	}
+	// A field the API requires is required here too: sent again from the
+	// decoded request, it would arrive as its zero value.
+	for _, c := range []struct{ body, cmd, field string }{
+		{`{}`, "height", "block_height"},
+		{`{"block_height":null}`, "height", "block_height"},
+		{`{"txids":["` + txid + `"]}`, "preserve", "until_height"},
+		{`{"txids":["` + txid + `"]}`, "conflicting", "value"},
+		{`{"txids":["` + txid + `"],"block_id":7}`, "mined", "block_height"},
+	} {
+		if msg := refused(c.body, c.cmd); !strings.Contains(msg, "needs "+c.field) {
+			t.Errorf("%s %s: %q", c.cmd, c.body, msg)
+		}
+	}
+	var st wire.UTXOStatus
+	utxo(&st, "", "status")
+	if st.ChainHeight != 500 {
+		t.Fatalf("the chain height is %d after refused requests, want 500", st.ChainHeight)
+	}
 }
