@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/url"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -379,5 +380,44 @@ func TestExtendedKeyUsagesAreChecked(t *testing.T) {
 		if err := node.verifyServer(x509.ExtKeyUsageServerAuth)(tls.ConnectionState{PeerCertificates: chain(tc.b)}); (err == nil) != tc.server {
 			t.Errorf("%s dialled by a peer: %v", tc.name, err)
 		}
+	}
+}
+
+// A bundle holds a private key: it is written readable by its owner only,
+// whatever a file left behind next to it (an interrupted write's, or one
+// planted there) holds or points to.
+func TestABundleIsWrittenPrivate(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "ca.pem")
+	decoy := filepath.Join(dir, "decoy")
+	if err := os.WriteFile(path+".tmp", []byte("stale"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Symlink(decoy, filepath.Join(dir, ".ca.pem.tmp")); err != nil {
+		t.Fatal(err)
+	}
+	ca := mustCA(t)
+	for range 2 { // a new file, then a replaced one
+		if err := ca.WriteFile(path); err != nil {
+			t.Fatal(err)
+		}
+		fi, err := os.Lstat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fi.Mode() != 0o600 {
+			t.Fatalf("bundle written with mode %s, want -rw-------", fi.Mode())
+		}
+	}
+	if _, err := os.Lstat(decoy); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("the write followed a link next to the bundle: %v", err)
+	}
+	back, err := LoadBundle(path)
+	if err != nil || back.Cert.SerialNumber.Cmp(ca.Cert.SerialNumber) != 0 {
+		t.Fatalf("read back: %v", err)
+	}
+	entries, _ := os.ReadDir(dir)
+	if len(entries) != 3 { // ca.pem and the two files that were there
+		t.Fatalf("files left in the directory: %v", entries)
 	}
 }

@@ -68,6 +68,10 @@ func (f *issueFlags) options() (auth.IssueOptions, error) {
 	return o, err
 }
 
+// maxValidityDays keeps a validity in days within a time.Duration (about
+// 292 years), where a larger count would wrap to a short or negative one.
+const maxValidityDays = 100 * 365
+
 // parseValidity reads a Go duration or a number of days ("90d"); "" is 0
 // (the default validity).
 func parseValidity(s string) (time.Duration, error) {
@@ -78,6 +82,9 @@ func parseValidity(s string) (time.Duration, error) {
 	if days, ok := strings.CutSuffix(s, "d"); ok && err != nil {
 		var n int
 		if n, err = strconv.Atoi(days); err == nil {
+			if n > maxValidityDays {
+				return 0, fmt.Errorf("--validity %q: at most %dd", s, maxValidityDays)
+			}
 			d = time.Duration(n) * 24 * time.Hour
 		}
 	}

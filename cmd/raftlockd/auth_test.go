@@ -415,12 +415,12 @@ func TestAuthInspect(t *testing.T) {
 }
 
 func TestParseValidity(t *testing.T) {
-	for in, want := range map[string]time.Duration{"": 0, "1h": time.Hour, "90d": 90 * 24 * time.Hour, "1.5h": 90 * time.Minute} {
+	for in, want := range map[string]time.Duration{"": 0, "1h": time.Hour, "90d": 90 * 24 * time.Hour, "1.5h": 90 * time.Minute, "36500d": 36500 * 24 * time.Hour} {
 		if got, err := parseValidity(in); err != nil || got != want {
 			t.Errorf("parseValidity(%q) = %s, %v; want %s", in, got, err, want)
 		}
 	}
-	for _, bad := range []string{"0", "-1h", "0d", "d", "1w", "5"} {
+	for _, bad := range []string{"0", "-1h", "0d", "d", "1w", "5", "36501d", "213504d", "1000000000d"} {
 		if _, err := parseValidity(bad); err == nil {
 			t.Errorf("parseValidity(%q): want an error", bad)
 		}
