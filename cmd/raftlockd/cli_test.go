@@ -1149,3 +1149,35 @@ func TestCLIRefusesIncompleteCommandsBeforeSendingThem(t *testing.T) {
 		wantFailure(t, held, args, `no lease named for key "b": the lease in `+clientEnv+`LEASE holds "a"`)
 	}
 }
+
+// A deprecated flag name sets the same setting as its new one: the new
+// name on the command line beats the old name's variable, and the new
+// name's variable beats the old one's.
+func TestADeprecatedNamesVariableDoesNotOverrideTheSetting(t *testing.T) {
+	for _, c := range []struct {
+		env  map[string]string
+		args []string
+		want string
+	}{
+		{map[string]string{"RAFTLOCKD_TXN_RETENTION": "5m"}, []string{"--tc-decision-retention", "1h"}, "1h0m0s"},
+		{map[string]string{"RAFTLOCKD_TXN_RETENTION": "5m", "RAFTLOCKD_TC_DECISION_RETENTION": "2h"}, nil, "2h0m0s"},
+		{map[string]string{"RAFTLOCKD_TXN_RETENTION": "5m"}, nil, "5m0s"},
+	} {
+		for k, v := range c.env {
+			t.Setenv(k, v)
+		}
+		cmd := newServerCmd()
+		if err := cmd.Flags().Parse(c.args); err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.PreRunE(cmd, nil); err != nil {
+			t.Fatal(err)
+		}
+		if got := cmd.Flags().Lookup("tc-decision-retention").Value.String(); got != c.want {
+			t.Errorf("%v with %v: the decision retention is %s, want %s", c.args, c.env, got, c.want)
+		}
+		for k := range c.env {
+			os.Unsetenv(k)
+		}
+	}
+}

@@ -18,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"reflect"
 	"runtime/debug"
 	"strings"
 
@@ -164,6 +165,26 @@ func envValues(f *pflag.Flag, v string) ([]string, error) {
 // line left unset from its variable.
 func bindEnv(cmd *cobra.Command, prefix string) { bindEnvSkipping(cmd, prefix, nil) }
 
+// aliasChanged reports whether another flag of fs that sets the same
+// variable as f (a deprecated name kept as an alias) is set: on the
+// command line, or from its own variable before f's is read (flags are
+// visited in name order). Either way f's variable must not override it.
+func aliasChanged(fs *pflag.FlagSet, f *pflag.Flag) bool {
+	target := reflect.ValueOf(f.Value)
+	if target.Kind() != reflect.Pointer {
+		return false
+	}
+	set := false
+	fs.VisitAll(func(g *pflag.Flag) {
+		if g != f && g.Changed {
+			if v := reflect.ValueOf(g.Value); v.Type() == target.Type() && v.Pointer() == target.Pointer() {
+				set = true
+			}
+		}
+	})
+	return set
+}
+
 // bindEnvSkipping is bindEnv that leaves alone each variable skip (when
 // not nil) reports.
 func bindEnvSkipping(cmd *cobra.Command, prefix string, skip func(name string) bool) {
@@ -173,7 +194,7 @@ func bindEnvSkipping(cmd *cobra.Command, prefix string, skip func(name string) b
 	cmd.PreRunE = func(c *cobra.Command, args []string) error {
 		var errs []error
 		c.Flags().VisitAll(func(f *pflag.Flag) {
-			if f.Changed {
+			if f.Changed || aliasChanged(c.Flags(), f) {
 				return
 			}
 			v, ok := os.LookupEnv(flagEnv(prefix, f))
