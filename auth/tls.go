@@ -87,7 +87,13 @@ func verify(chain []*x509.Certificate, roots *x509.CertPool, now time.Time, usag
 type Source struct {
 	path    string
 	current atomic.Pointer[Bundle]
+	node    atomic.Pointer[string] // the node id the server runs as, once known
 }
+
+// RunAs tells the source the node id its server runs as: a reloaded bundle
+// bound to another node is refused, as one is at start, since peers would
+// refuse the node's Raft under its own id.
+func (s *Source) RunAs(id string) { s.node.Store(&id) }
 
 // OpenSource loads the bundle at path.
 func OpenSource(path string) (*Source, error) {
@@ -124,6 +130,9 @@ func (s *Source) Reload() error {
 	}
 	if id.Role != RoleServer {
 		return fmt.Errorf("auth: %s holds a %s certificate, not a server's", s.path, id.Role)
+	}
+	if runs := s.node.Load(); runs != nil && id.Node != "" && id.Node != *runs {
+		return fmt.Errorf("auth: %s holds node %q's certificate, but this server is node %q", s.path, id.Node, *runs)
 	}
 	// A certificate the bundle's own CAs do not vouch for, or one outside
 	// its validity, would lock the node out of its cluster.

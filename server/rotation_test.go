@@ -486,3 +486,37 @@ func TestCertificateRotationUnderLoad(t *testing.T) {
 	}
 	c.WaitConverged(30 * time.Second)
 }
+
+// A reload refuses a bundle bound to another node, as the start does, and
+// keeps the one in use: presenting another node's certificate would shut
+// the node out of its cluster's Raft. A bundle bound to the node itself
+// is taken.
+func TestAReloadRefusesABundleOfAnotherNode(t *testing.T) {
+	cfg := testutil.Config(t, t.TempDir())
+	cfg.NodeID = "n1"
+	srv := testutil.StartServer(t, cfg)
+	before := apiSerial(t, srv.Addr(), testutil.CA(t).Roots())
+	bundle := func(node string) *auth.Bundle {
+		return testutil.Issue(t, nil, auth.RoleServer, auth.IssueOptions{Name: node,
+			Hosts: []string{"127.0.0.1", "::1", "localhost"}, Node: node})
+	}
+	if err := bundle("n2").WriteFile(cfg.Bundle); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Reload(); err == nil || !strings.Contains(err.Error(), `node "n2"`) {
+		t.Fatalf("node n1 reloaded a bundle bound to node n2: %v", err)
+	}
+	if got := apiSerial(t, srv.Addr(), testutil.CA(t).Roots()); got != before {
+		t.Fatalf("after a refused reload the API presents %s, want %s", got, before)
+	}
+	own := bundle("n1")
+	if err := own.WriteFile(cfg.Bundle); err != nil {
+		t.Fatal(err)
+	}
+	if err := srv.Reload(); err != nil {
+		t.Fatalf("reload of n1's own bundle: %v", err)
+	}
+	if got := apiSerial(t, srv.Addr(), testutil.CA(t).Roots()); got != auth.SerialOf(own.Cert) {
+		t.Fatalf("after the reload the API presents %s, want %s", got, auth.SerialOf(own.Cert))
+	}
+}

@@ -176,6 +176,9 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 	if err != nil {
 		return nil, err
 	}
+	if src != nil {
+		src.RunAs(id)
+	}
 	log = log.With("node", id)
 	if cfg.TCDisableAuth && !cfg.DisableMTLS {
 		log.Warn("TC authentication is disabled: the coordinator and resource-manager endpoints accept requests without a certificate")
