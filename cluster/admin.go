@@ -30,6 +30,13 @@ func (n *Node) RemovePeer(ctx context.Context, id string) error {
 
 func (n *Node) removePeerOnce(ctx context.Context, id string) error {
 	addr, leader, err := n.awaitLeader(ctx)
+	if errors.Is(err, errcode.NoLeader) {
+		// A server removed from the configuration while it runs never
+		// hears of a leader again: the members gossip knows still do.
+		if a := n.leaderOfMembers(ctx); a != "" {
+			addr, err = a, nil
+		}
+	}
 	if err != nil {
 		return err
 	}
@@ -44,6 +51,23 @@ func (n *Node) removePeerOnce(ctx context.Context, id string) error {
 		return reply.Err
 	}
 	return nil
+}
+
+// leaderOfMembers asks the other servers gossip holds alive for the
+// leader's Raft address; "" when none knows one.
+func (n *Node) leaderOfMembers(ctx context.Context) raft.ServerAddress {
+	for _, m := range n.Members() {
+		if m.ID == n.cfg.NodeID || m.Status != "alive" || m.RaftAddr == "" {
+			continue
+		}
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		st, err := n.PeerStatus(cctx, m.RaftAddr)
+		cancel()
+		if err == nil && st.NodeID == m.ID && st.LeaderAddr != "" && st.LeaderAddr != n.RaftAddr() {
+			return raft.ServerAddress(st.LeaderAddr)
+		}
+	}
+	return ""
 }
 
 func (n *Node) removeLocal(ctx context.Context, id string) error {

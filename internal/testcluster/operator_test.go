@@ -378,3 +378,31 @@ func TestRestoreReachesEveryNode(t *testing.T) {
 	c.Start(f)
 	c.WaitConverged(20 * time.Second)
 }
+
+// A server removed with remove-peer while it runs never hears of a leader
+// again; `cluster leave` on it still ends, at the leader the other
+// members know, and the server shuts down.
+func TestALeaveOfAServerRemovedWhileItRunsEnds(t *testing.T) {
+	c := Start(t, 3)
+	ctx := context.Background()
+	l := c.WaitLeader(10 * time.Second)
+	victim := others(c, l)[0]
+	name := c.Nodes[victim].Name
+	if _, err := c.Operator(l).RemovePeer(ctx, name); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the removed server to lose its leader", func() bool {
+		return !c.Nodes[victim].Server.Node().HasLeader()
+	})
+	leaving := c.Nodes[victim].Server
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if out, err := c.Operator(victim).ClusterLeave(ctx); err != nil || !out.Left {
+		t.Fatalf("leave of a removed server: %+v %v", out, err)
+	}
+	waitDone(t, leaving, name)
+	c.Stop(victim)
+	if got := len(c.servers(l)); got != 2 {
+		t.Fatalf("%d servers in the configuration, want 2", got)
+	}
+}
