@@ -29,6 +29,8 @@ type applyState struct {
 	authChanged bool
 	// ustats are the UTXO counters, when the batch read them.
 	ustats *UTXOStats
+	// nacking is the nack whose transaction's rollback is being applied.
+	nacking *pendingNack
 }
 
 func beginApply(tx *bolt.Tx) *applyState {

@@ -86,16 +86,29 @@ const formatV7 = 7
 // formatV1.
 const formatV8 = 8
 
+// formatV9 is the first byte of a command only builds of entry format 9
+// apply: a sweep that raises the island's rules to format 9, from which on
+// an acknowledgement without the state lease drops the message's sidecar
+// too, a nack of a delivery enlisted in a transaction requeues the message
+// as the nack asks (defer, delay, last error), a prune pass keeps the
+// record of the lowest block a rollback can still reach and every
+// transaction an output of which a pending two-phase spend reserves, and a
+// block marks its transactions mined by its id and height together. It is
+// framed as formatV1.
+const formatV9 = 9
+
 // EntryFormat is the newest entry format this build applies. Nodes announce
 // it; a leader packs commands, and a server proposes drop_waits, prune
 // passes that keep the tip and forget_keys, only when every server
 // announces it (gossip); an entry of a newer format stops the node (apply).
-const EntryFormat = formatV8
+const EntryFormat = formatV9
 
 // format is the first byte of c's encoding: the oldest entry format whose
 // builds apply c as this one does.
 func (c *Command) format() byte {
 	switch {
+	case c.Sweep != nil && c.Sweep.Format >= formatV9:
+		return formatV9
 	case c.Sweep != nil && c.Sweep.Format >= formatV8:
 		return formatV8
 	case c.Sweep != nil && c.Sweep.Format >= formatV7:

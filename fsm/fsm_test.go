@@ -926,7 +926,9 @@ func TestMalformedEntriesAreRejectedDeterministically(t *testing.T) {
 		{sweep(), formatV7},
 		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV7}}, formatV6},
 		{sweep(), formatV8},
-		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV8}}, formatV7}} {
+		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV8}}, formatV7},
+		{sweep(), formatV9},
+		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV9}}, formatV8}} {
 		data, err := Encode(c.cmd)
 		if err != nil {
 			t.Fatal(err)

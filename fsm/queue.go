@@ -787,6 +787,11 @@ func (s *applyState) ack(ns, queue string, k []byte, m *Message) {
 		if rec.State && (rec.Lease == nil || rec.Lease.ID == m.Lease.StateID) {
 			s.dropDoc(sk, &rec)
 		}
+	} else if s.rules() >= formatV9 {
+		// A delivery without the state lease (a plain dequeue of a message
+		// an earlier stateful delivery, or its dead-letter move, gave a
+		// sidecar): the sidecar lives as long as its message.
+		s.carrySidecar(ns, queue, "", m.ID, nil)
 	}
 	s.dropMessage(k, m)
 }
@@ -899,7 +904,12 @@ func (s *applyState) queueNack(c *QueueNackCmd) *Result {
 	}
 	if m.Lease.TxnID != "" {
 		// The rollback ends the delivery (queueResource.finish, requeue);
-		// it ended because its consumer nacked it.
+		// it ended because its consumer nacked it, and from format 9 on
+		// the message is requeued as the nack asks.
+		if s.rules() >= formatV9 {
+			s.nacking = &pendingNack{k: k, cmd: c}
+			defer func() { s.nacking = nil }()
+		}
 		s.decide(m.Lease.TxnID, false, ReasonRelease)
 		end, ok := s.deliveryEnded(c.MessageRef)
 		if ok {
@@ -1170,8 +1180,19 @@ func (r queueResource) finish(txn string, commit bool) {
 	case m.Lease != nil && m.Lease.TxnID == txn && commit:
 		r.s.ack(r.ns, r.queue, r.k, m)
 	case m.Lease != nil && m.Lease.TxnID == txn:
+		if n := r.s.nacking; n != nil && bytes.Equal(n.k, r.k) {
+			r.s.requeue(r.ns, r.queue, r.k, m, false, !n.cmd.Defer, n.cmd.Delay, n.cmd.LastError)
+			return
+		}
 		r.s.requeue(r.ns, r.queue, r.k, m, false, true, 0, nil)
 	}
+}
+
+// pendingNack is the nack of a delivery enlisted in a transaction, whose
+// rollback it is applying: the rollback requeues message k as cmd asks.
+type pendingNack struct {
+	k   []byte
+	cmd *QueueNackCmd
 }
 
 // MessageBody returns the payload of a message.

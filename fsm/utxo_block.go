@@ -264,7 +264,7 @@ func (s *applyState) planBlock(txs []BlockTx, height, id uint32) *blockPlan {
 				continue
 			}
 			m := rec.Master
-			if !slices.Contains(m.BlockIDs, id) {
+			if !m.inBlock(id, height, s.rules() >= formatV9) {
 				m.BlockIDs = append(m.BlockIDs, id)
 				m.BlockHeights = append(m.BlockHeights, height)
 				m.SubtreeIdxs = append(m.SubtreeIdxs, 0)
@@ -656,7 +656,7 @@ func (s *applyState) undoBlock(info *BlockInfo, d *undoDelta, to uint32) {
 			continue
 		}
 		m := rec.Master
-		if i := slices.Index(m.BlockIDs, info.ID); i >= 0 {
+		if i := m.blockIndex(info.ID, info.Height, s.rules() >= formatV9); i >= 0 {
 			m.BlockIDs = slices.Delete(m.BlockIDs, i, i+1)
 			m.BlockHeights = slices.Delete(m.BlockHeights, i, i+1)
 			m.SubtreeIdxs = slices.Delete(m.SubtreeIdxs, i, i+1)
@@ -681,6 +681,24 @@ func (s *applyState) undoBlock(info *BlockInfo, d *undoDelta, to uint32) {
 	}
 }
 
+// blockIndex is the index in m's block lists of the block id at height
+// (by id alone with byHeight false, as builds before format 9 match: ids
+// of applied blocks and of /v1/utxo/mined marks then collide); -1 when m
+// is not marked mined in it.
+func (m *UTXOMaster) blockIndex(id, height uint32, byHeight bool) int {
+	for i, b := range m.BlockIDs {
+		if b == id && (!byHeight || i < len(m.BlockHeights) && m.BlockHeights[i] == height) {
+			return i
+		}
+	}
+	return -1
+}
+
+// inBlock reports whether m is marked mined in block id at height.
+func (m *UTXOMaster) inBlock(id, height uint32, byHeight bool) bool {
+	return m.blockIndex(id, height, byHeight) >= 0
+}
+
 // freeDeltas deletes up to limit undo deltas of blocks that fell out of
 // the rollback window, and the records of those blocks. With keepTip the
 // record of the highest of them stays: a rollback may reach that block,
@@ -695,6 +713,19 @@ func (s *applyState) freeDeltas(limit int, keepTip bool) int {
 		s.del(bucketUTXOUndo, k)
 	}
 	if keepTip {
+		if s.rules() >= formatV9 {
+			// A pass that freed only some of the deltas out of the window
+			// keeps the record of the block below the lowest one left: a
+			// rollback may reach that block.
+			if k, _ := s.b(bucketUTXOUndo).Cursor().First(); k != nil {
+				if lowest := binary.BigEndian.Uint32(k); lowest <= cutoff {
+					if lowest == 0 {
+						return len(undo)
+					}
+					cutoff = lowest - 1 // the block a rollback reaches
+				}
+			}
+		}
 		if cutoff == 0 {
 			return len(undo)
 		}

@@ -223,28 +223,30 @@ func (r reader) childState(child []byte, deleted []string, height, retention uin
 }
 
 // spendingChildren lists the distinct children named in txid's outputs'
-// spending data; ok is false when an output cannot be read.
-func (r reader) spendingChildren(txid []byte) (children [][]byte, ok bool) {
+// spending data, and whether a pending two-phase spend reserves one of
+// them; ok is false when an output cannot be read.
+func (r reader) spendingChildren(txid []byte) (children [][]byte, reserved, ok bool) {
 	c := r.b(bucketUTXOOuts).Cursor()
 	seen := map[string]bool{}
 	for k, v := c.Seek(txid); k != nil && bytes.HasPrefix(k, txid); k, v = c.Next() {
 		var o utxoOutput
 		if decodeOut(v, &o) != nil {
-			return nil, false
+			return nil, false, false
 		}
+		reserved = reserved || o.Rsv != nil
 		if !o.Spent {
 			continue
 		}
 		b, err := hex.DecodeString(o.Spender)
 		if err != nil || len(b) != 32 {
-			return nil, false
+			return nil, false, false
 		}
 		if !seen[string(b)] {
 			seen[string(b)] = true
 			children = append(children, b)
 		}
 	}
-	return children, true
+	return children, reserved, true
 }
 
 func (s *applyState) utxoPrune(c *UTXOPruneCmd) *Result {
@@ -287,9 +289,13 @@ func (s *applyState) utxoPrune(c *UTXOPruneCmd) *Result {
 			continue
 		}
 		why := childSafe
-		children, ok := s.spendingChildren(txid)
-		if !ok {
+		children, reserved, ok := s.spendingChildren(txid)
+		switch {
+		case !ok:
 			why = childUnreadable
+		case reserved && s.rules() >= formatV9:
+			// A pending two-phase spend: its child is not even written.
+			why = childUnmined
 		}
 		for _, ch := range children {
 			if why = s.childState(ch, rec.Master.DeletedChildren, height, retention); why != childSafe {
