@@ -221,9 +221,11 @@ func (s *Server) Validate() error {
 	want(s.UTXORetentionBlocks >= 1, "utxo-retention-blocks", s.UTXORetentionBlocks, "at least 1")
 	want(s.UTXORollbackWindow >= s.UTXORetentionBlocks, "utxo-rollback-window", s.UTXORollbackWindow,
 		"at least utxo-retention-blocks (%d)", s.UTXORetentionBlocks)
-	want(s.UTXOPruneBatch >= 1, "utxo-prune-batch", s.UTXOPruneBatch, "at least 1")
+	want(s.UTXOPruneBatch >= 1 && s.UTXOPruneBatch <= wire.UTXOMaxPruneBatch, "utxo-prune-batch", s.UTXOPruneBatch,
+		"1 <= utxo-prune-batch <= %d", wire.UTXOMaxPruneBatch)
 	want(s.UTXOPruneInterval > 0, "utxo-prune-interval", s.UTXOPruneInterval, "more than 0")
-	want(s.UTXOBatchSize >= 1, "utxo-batch-size", s.UTXOBatchSize, "at least 1")
+	want(s.UTXOBatchSize >= 1 && s.UTXOBatchSize <= wire.UTXOMaxBatchSize, "utxo-batch-size", s.UTXOBatchSize,
+		"1 <= utxo-batch-size <= %d", wire.UTXOMaxBatchSize)
 	want(s.MaxUTXORequestBytes > 0, "max-utxo-request-bytes", s.MaxUTXORequestBytes, "more than 0")
 	want(s.UTXOBatchSize < 1 || s.MaxEntryBytes >= wire.UTXORecordBytes(s.UTXOBatchSize), "max-entry-bytes", s.MaxEntryBytes,
 		"at least %d (%d bytes per output of a batch, plus 1 KiB)",

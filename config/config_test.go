@@ -73,6 +73,8 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"utxo-prune-batch", "utxo-prune-batch 0", func(s *Server) { s.UTXOPruneBatch = 0 }},
 		{"utxo-prune-interval", "utxo-prune-interval 0s", func(s *Server) { s.UTXOPruneInterval = 0 }},
 		{"utxo-batch-size", "utxo-batch-size 0", func(s *Server) { s.UTXOBatchSize = 0 }},
+		{"utxo-batch-size", "utxo-batch-size 1048577", func(s *Server) { s.UTXOBatchSize, s.MaxEntryBytes = 1<<20+1, 1<<40 }},
+		{"utxo-prune-batch", "utxo-prune-batch 1048577", func(s *Server) { s.UTXOPruneBatch = 1<<20 + 1 }},
 		{"max-utxo-request-bytes", "max-utxo-request-bytes 0", func(s *Server) { s.MaxUTXORequestBytes = 0 }},
 		{"max-entry-bytes", "max-entry-bytes 10", func(s *Server) { s.MaxEntryBytes = 10 }},
 		{"snapshot-threshold", "snapshot-threshold 0", func(s *Server) { s.SnapshotThreshold = 0 }},

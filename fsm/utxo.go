@@ -43,7 +43,7 @@ var (
 )
 
 // maxRecordVouts bounds the vouts of one record.
-const maxRecordVouts = 1 << 20
+const maxRecordVouts = wire.UTXOMaxBatchSize
 
 // MaxBlockVout bounds the vouts of a block's transactions: the block
 // keeps each transaction's outputs in one record.

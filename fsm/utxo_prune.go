@@ -7,6 +7,7 @@ import (
 	"slices"
 
 	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/wire"
 )
 
 // Safe deletion of UTXO transactions.
@@ -250,7 +251,7 @@ func (r reader) spendingChildren(txid []byte) (children [][]byte, reserved, ok b
 }
 
 func (s *applyState) utxoPrune(c *UTXOPruneCmd) *Result {
-	if c.Limit <= 0 || c.Limit > 1<<20 {
+	if c.Limit <= 0 || c.Limit > wire.UTXOMaxPruneBatch {
 		return fail(errcode.MalformedCmd.With("utxo prune needs a limit"))
 	}
 	s.setUTXOPolicy(c.Retention, c.Window)

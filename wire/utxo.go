@@ -43,6 +43,8 @@ const (
 	UTXOCoinbaseMaturity  = 100  // blocks before a coinbase output is spendable
 	UTXOReassignMaturity  = 1000 // blocks before a reassigned output is spendable
 	UTXODefaultBatchSize  = 20000
+	UTXOMaxBatchSize      = 1 << 20 // outputs of one record
+	UTXOMaxPruneBatch     = 1 << 20 // transactions one prune pass looks at
 	UTXODefaultEntryBytes = 1 << 20
 	// UTXOOutputBytes is the size of one output in a create command's
 	// Raft entry: vout, hash and satoshis.
