@@ -313,9 +313,12 @@ func (g *gossip) joinLoop() {
 	// seconds at most.
 	start, complain := time.Now(), warnEvery{every: 30 * time.Second}
 	for {
-		if _, err := g.ml.Join(g.cfg.Join); g.joinedOthers(err) == nil {
+		_, err := g.ml.Join(g.cfg.Join)
+		if err == nil && !g.joined.Load() {
 			g.joined.Store(true)
 			g.n.cfg.Logger.Info("joined the cluster's gossip", "via", g.cfg.Join)
+		}
+		if err = g.joinedOthers(err); err == nil {
 			return
 		} else if time.Since(start) > 10*time.Second && complain.due() {
 			g.n.cfg.Logger.Warn("gossip join keeps failing (check --join, and that every server has the same gossip key and CA); retrying",
@@ -334,8 +337,10 @@ func (g *gossip) joinLoop() {
 
 // joinedOthers is the outcome of a Join that returned err: memberlist
 // counts a push/pull with this node's own address (listed in --join like
-// every other) as a success, which it is only when that is all the list
-// names.
+// every other) as a success. That is enough to take part in a bootstrap
+// (joined: the list may name this node under another name, and it may
+// be the only one to bootstrap), but not to stop trying the others, which
+// may never join this node in turn, unless the list names only it.
 func (g *gossip) joinedOthers(err error) error {
 	if err == nil && g.ml.NumMembers() < 2 && !g.onlySelf() {
 		return errors.New("only this node's own address answered")
