@@ -211,10 +211,11 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 // from a backup (or installed from the leader's snapshot) may have lost
 // the line the request stood in, or the event that ended its wait: the
 // request is proposed again for what is left of the wait (a request still
-// in line keeps its place), after recheck, when given, found it unsettled.
+// in line keeps its place), after recheck, when given, found it unsettled;
+// recheck may give the events of the request proposed from then on.
 func proposeAndWait(ctx context.Context, s Store, wait time.Duration, events <-chan fsm.Event,
 	cmd func(left int64) *fsm.Command, settled func(*fsm.Result) bool,
-	recheck func() (*fsm.Result, error)) (*fsm.Result, *fsm.Event, error) {
+	recheck func() (*fsm.Result, <-chan fsm.Event, error)) (*fsm.Result, *fsm.Event, error) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	until := time.Now().Add(wait)
@@ -231,8 +232,12 @@ func proposeAndWait(ctx context.Context, s Store, wait time.Duration, events <-c
 		case ev := <-events:
 			if ev.Kind == fsm.EventRestored {
 				if recheck != nil {
-					if res, err := recheck(); err != nil || settled(res) {
+					res, ch, err := recheck()
+					if err != nil || settled(res) {
 						return res, nil, err
+					}
+					if ch != nil {
+						events = ch
 					}
 				}
 				left = max(1, time.Until(until).Milliseconds())

@@ -295,15 +295,26 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 		}
 	}
 	events, unregister := q.waits.register(req, "")
-	defer unregister()
+	defer func() { unregister() }()
+	delivered := func(r *fsm.Result) bool { return r.Queue != nil && r.Queue.Message != nil }
 	res, ev, err := proposeAndWait(ctx, q.store, wait, events, func(left int64) *fsm.Command {
 		cmd.Wait = left
 		return &fsm.Command{Op: fsm.OpDequeue, Dequeue: cmd}
-	}, func(r *fsm.Result) bool { return r.Queue != nil && r.Queue.Message != nil }, func() (*fsm.Result, error) {
+	}, delivered, func() (*fsm.Result, <-chan fsm.Event, error) {
 		// A dequeue proposed again takes the next ready message: the one
 		// it may have been handed in the steps the restore covered is
 		// found by leaving the line first.
-		return q.withdraw(ctx, ns, queue, req)
+		res, err := q.withdraw(ctx, ns, queue, req)
+		if err != nil || delivered(res) {
+			return res, nil, err
+		}
+		// Out of line, it stands in it again as a new request: the end of
+		// the old one's wait (the withdrawal's) is not taken for its own.
+		unregister()
+		req = xid.New().String()
+		cmd.RequestID = req
+		events, unregister = q.waits.register(req, "")
+		return res, events, nil
 	})
 	switch {
 	case err != nil:

@@ -2,6 +2,7 @@ package rm
 
 import (
 	"context"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -54,5 +55,68 @@ func TestADequeueProposedAgainAfterARestoreAnswersItsDelivery(t *testing.T) {
 	st, _ := q.Stats(ctx, "default", "q", Linearizable)
 	if got.d.Message.ID != first.ID || st.InFlight != 1 {
 		t.Fatalf("dequeue answered %s (first delivered %s); in flight %d", got.d.Message.ID, first.ID, st.InFlight)
+	}
+}
+
+// A waiting dequeue that was handed nothing in the steps a restore covered
+// stands in line again and keeps waiting: the end of its old place in line
+// is not taken for the end of its wait.
+func TestADequeueProposedAgainAfterARestoreKeepsWaiting(t *testing.T) {
+	waits := NewWaits()
+	f, err := fsm.Open(filepath.Join(t.TempDir(), "state.db"), fsm.Options{BootID: "b", Observers: []fsm.Observer{waits},
+		Fatal: func(err error) { t.Errorf("state machine stopped: %v", err) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = f.Close() })
+	base := &fsmStore{f: f, now: 1_700_000_000_000}
+	q := NewQueues(base, waits, storeClock{base}, QueueLimits{MaxWait: time.Minute}, Server{ID: "n1"}, nil)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	type out struct {
+		d   *Delivery
+		err error
+	}
+	done := make(chan out, 1)
+	go func() {
+		d, err := q.Dequeue(ctx, DequeueParams{Queue: "q", Owner: "w", WaitSeconds: 10})
+		done <- out{d, err}
+	}()
+	waiting := func(n int) {
+		t.Helper()
+		for {
+			st, err := q.Stats(ctx, "default", "q", Linearizable)
+			if err != nil {
+				t.Fatalf("waiting for %d dequeue(s) in line: %v", n, err)
+			}
+			if st.Waiting == n {
+				return
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+	}
+	waiting(1)
+	waits.Observe([]fsm.Event{{Kind: fsm.EventRestored}})
+	// It leaves the line and stands in it again.
+	for {
+		select {
+		case got := <-done:
+			t.Fatalf("the dequeue ended after the restore: %+v %v", got.d, got.err)
+		case <-time.After(20 * time.Millisecond):
+		}
+		base.mu.Lock()
+		applied := base.index // the dequeue, its withdrawal, the dequeue again
+		base.mu.Unlock()
+		if st, _ := q.Stats(ctx, "default", "q", Linearizable); st.Waiting == 1 && applied >= 3 {
+			break
+		}
+	}
+	sent, err := q.Enqueue(ctx, EnqueueParams{Queue: "q"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := <-done
+	if got.err != nil || got.d.Message.ID != sent.ID {
+		t.Fatalf("after the restore the dequeue answered %+v %v, want message %s", got.d, got.err, sent.ID)
 	}
 }
