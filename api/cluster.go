@@ -185,6 +185,9 @@ func (h *handler) restoreForwarder() *http.Client {
 	}
 	if peer, ok := h.peerHTTP().Transport.(*http.Transport); ok {
 		t.TLSClientConfig, t.DialTLSContext = peer.TLSClientConfig, peer.DialTLSContext
+		if peer.DialContext != nil {
+			t.DialContext = peer.DialContext // with mTLS: no peer over plain http
+		}
 	}
 	return &http.Client{Transport: t}
 }

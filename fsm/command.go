@@ -93,7 +93,7 @@ const formatV8 = 8
 // as the nack asks (defer, delay, last error), a prune pass keeps the
 // record of the lowest block a rollback can still reach and every
 // transaction an output of which a pending two-phase spend reserves, and a
-// block marks its transactions mined by its id and height together. It is
+// block and a mined mark name a block by its id and height together. It is
 // framed as formatV1.
 const formatV9 = 9
 

@@ -167,3 +167,39 @@ func TestPruneKeepsATransactionAPendingSpendReserves(t *testing.T) {
 		}
 	}
 }
+
+// A reserved output keeps the transaction even when another of its outputs
+// is spent by a stable, mined child.
+func TestPruneKeepsAReservedParentWhoseOtherChildIsStable(t *testing.T) {
+	h := rulesHarness(t, formatV9)
+	h.setHeight(1000)
+	h.mempoolTx(1, 2)
+	h.mempoolTx(2, 1, [2]int{1, 1}) // child spends vout 1
+	h.mine(2, 1, 1000)
+	h.flag(UTXOConflicting, 1, true, 0)
+	x := outHash(1, 0)
+	h.ok(&Command{Op: OpUTXOSpend, UTXOSpend: &UTXOSpendCmd{IgnoreConflicting: true, TxnID: "t1", TTL: 1 << 40,
+		Spends: []UTXOSpendItem{{TxID: tidHex(1), Vout: 0, Hash: hex.EncodeToString(x[:]), Spender: tidHex(3)}}}})
+	kept, res := h.pruneAt(1288, 1)
+	if !kept {
+		t.Fatalf("pruned while a pending spend reserves vout 0: %+v", res)
+	}
+}
+
+// The other order of TestBlockIDsOfMinedMarksAndAppliedBlocksDoNotCollide:
+// a /v1/utxo/mined mark given after an applied block with the same id is
+// kept, and stays when the block is rolled back.
+func TestAMarkAfterABlockWithTheSameIDIsKept(t *testing.T) {
+	h := rulesHarness(t, formatV9)
+	h.setHeight(50)
+	h.mempoolTx(1, 1)
+	h.ok(blockCmd(100, btx(1, 1))) // the first applied block: id 1
+	h.mine(1, 1, 50)
+	if tx := h.tx(1); len(tx.BlockHeights) != 2 {
+		t.Errorf("after the mark: block_ids %v heights %v", tx.BlockIDs, tx.BlockHeights)
+	}
+	h.ok(rollbackCmd(99))
+	if tx := h.tx(1); tx.UnminedSince != nil {
+		t.Fatalf("the mark of block 1 at 50 went with block 100's rollback: %+v", tx)
+	}
+}

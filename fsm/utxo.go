@@ -983,7 +983,7 @@ func (s *applyState) utxoSetMined(txid []byte, rec *UTXORecord, c *UTXOUpdateCmd
 		}
 		return
 	}
-	if !slices.Contains(m.BlockIDs, c.BlockID) {
+	if !m.inBlock(c.BlockID, c.Height, s.rules() >= formatV9) {
 		m.BlockIDs = append(m.BlockIDs, c.BlockID)
 		m.BlockHeights = append(m.BlockHeights, c.Height)
 		m.SubtreeIdxs = append(m.SubtreeIdxs, c.SubtreeIdx)

@@ -299,9 +299,10 @@ func (s *applyState) utxoPrune(c *UTXOPruneCmd) *Result {
 			why = childUnmined
 		}
 		for _, ch := range children {
-			if why = s.childState(ch, rec.Master.DeletedChildren, height, retention); why != childSafe {
+			if why != childSafe {
 				break
 			}
+			why = s.childState(ch, rec.Master.DeletedChildren, height, retention)
 		}
 		switch why {
 		case childUnmined:
