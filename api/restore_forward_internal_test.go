@@ -20,7 +20,7 @@ func TestTheRestoreForwarderCallsNoPeerOverPlainHTTP(t *testing.T) {
 	t.Cleanup(plain.Close)
 	refuse := errors.New("no plain http")
 	peer := &http.Client{Transport: &http.Transport{ // as server.peerHTTP builds it with mTLS
-		DialTLSContext: func(context.Context, string, string) (net.Conn, error) { return nil, errors.New("tls") },
+		DialTLSContext:  func(context.Context, string, string) (net.Conn, error) { return nil, errors.New("tls") },
 		TLSClientConfig: &tls.Config{},
 		DialContext:     func(context.Context, string, string) (net.Conn, error) { return nil, refuse },
 	}}
