@@ -246,11 +246,13 @@ func lockConflict(owner string) *errcode.Error {
 	return errcode.TxnLockConflict.With("%s%s", LockedPrefix, owner)
 }
 
-// Conflict reports the owner holding (ns, key) for a transaction other than
-// txn, unless that owner is owner itself (a holder re-entering its own key
-// is not a conflict).
+// Conflict reports the owner holding the participant (ns, key) for a
+// transaction other than txn, unless that owner is owner itself (a holder
+// re-entering its own key is not a conflict): a key's lease, a message's
+// delivery or staging, a UTXO transaction's staged creation, as a prepare
+// applied would find it.
 func (r reader) Conflict(ns, key, txn, owner string) (holder string, conflict bool) {
-	return keyHolder(r, keyOf(ns, key), txn, owner)
+	return (&applyState{reader: r}).resource(Participant{Namespace: ns, Key: key}).holder(txn, owner)
 }
 
 func validState(s string, pendingOK bool) bool {

@@ -484,17 +484,34 @@ func (c *Coordinator) prepare(ctx context.Context, d Decision) (*fsm.TxnInfo, er
 // out.
 func (c *Coordinator) commit(ctx context.Context, d Decision, rec *fsm.TxnRecord) (*fsm.TxnInfo, error) {
 	// A transaction with a record here (its leases, a pending decision)
-	// may name participants it never locked.
-	conflict, err := c.localConflict(ctx, d)
+	// may name participants it never locked; those it enlisted were
+	// checked then (a prepare may have re-entered its owner's keys, and a
+	// commit by release names no owner).
+	self := c.island.BackendHash()
+	check := d
+	if rec != nil {
+		check.Participants = slices.DeleteFunc(slices.Clone(d.Participants), func(p fsm.Participant) bool {
+			return p.Backend == self && slices.Contains(rec.Participants, fsm.Participant{Namespace: p.Namespace, Key: p.Key})
+		})
+	}
+	conflict, err := c.localConflict(ctx, check)
 	if err != nil {
 		return nil, err
 	}
 	if conflict != nil {
 		return c.abort(ctx, d, fsm.ReasonLockConflict, conflict.Detail)
 	}
+	// An island that prepared is asked again when the commit names
+	// participants there that its prepare did not.
 	var prepared []string
 	if rec != nil {
-		prepared = rec.Prepared
+		for _, b := range rec.Prepared {
+			if !slices.ContainsFunc(d.Participants, func(p fsm.Participant) bool {
+				return p.Backend == b && !slices.Contains(rec.Participants, p)
+			}) {
+				prepared = append(prepared, b)
+			}
+		}
 	}
 	if err := c.prepareRemotes(ctx, d, prepared); err != nil {
 		return c.prepareFailed(ctx, d, err, prepared)
