@@ -329,6 +329,25 @@ func TestStampsNeverRunBackwards(t *testing.T) {
 	}
 }
 
+// With the wall clock behind, stamps closer than a millisecond apart still
+// carry the replicated clock at the monotonic clock's pace: the part of a
+// millisecond one stamp did not count is counted by the next.
+func TestStampsKeepPaceUnderLoadAfterTheClockSteppedBack(t *testing.T) {
+	c := &steppedClock{t: time.Now()}
+	var mono time.Duration
+	s := stampClock{clock: c, mono: func() time.Duration { return mono }}
+	first := s.next(0)
+	c.t = c.t.Add(-time.Hour)
+	for range 2000 { // a command every 0.5 ms for one second
+		mono += 500 * time.Microsecond
+		c.t = c.t.Add(500 * time.Microsecond)
+		s.next(0)
+	}
+	if moved := s.next(0) - first; moved != 1000 {
+		t.Fatalf("one second of commands moved the stamps on by %d ms, want 1000", moved)
+	}
+}
+
 // Closing a node while proposals stream in lets raft answer every proposal
 // it took before it shuts down; later ones are refused as shutting_down and
 // none is left with an unknown outcome. Raft shutting down under a request

@@ -265,6 +265,13 @@ func (c *stampClock) next(floor int64) int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ms, at := c.compute(floor)
+	if step := (at - c.lastAt).Milliseconds(); c.issued && ms == c.lastMs+step {
+		// A stamp the monotonic clock gave (the wall clock is behind):
+		// the part of a millisecond it did not count is kept for the next,
+		// or stamps closer than 1 ms apart would hold the clock still.
+		c.lastMs, c.lastAt = ms, c.lastAt+time.Duration(step)*time.Millisecond
+		return ms
+	}
 	c.lastMs, c.lastAt, c.issued = ms, at, true
 	return ms
 }
