@@ -419,8 +419,12 @@ func (h *handler) writeDelivery(ctx context.Context, mw *multipart.Writer, d *rm
 }
 
 // heldBack reports whether a multipart reader would hold back the end of
-// data until more of the body arrives.
+// data until more of the body arrives: a "\r" near its end, or the whole of
+// it a start of the boundary line ("-", "--", ...).
 func heldBack(data []byte, boundary string) bool {
+	if len(data) > 0 && strings.HasPrefix("--"+boundary, string(data)) {
+		return true
+	}
 	return bytes.IndexByte(data[max(0, len(data)-len(boundary)-4):], '\r') >= 0
 }
 

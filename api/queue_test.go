@@ -877,37 +877,38 @@ func TestQueueTransactions(t *testing.T) {
 	}
 }
 
-// A multipart reader cannot tell a part ending in "\r\n" from the start of
-// the next boundary; a subscriber must still get such a delivery at once,
-// not when the next message arrives.
-func TestQueueSubscribePayloadEndingInCRLF(t *testing.T) {
-	e := newEnv(t)
-	c := e.client()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	got := make(chan string, 1)
-	done := make(chan error, 1)
-	go func() {
-		done <- c.Subscribe(ctx, wire.DequeueRequest{Queue: "crlf", Owner: "sub", WaitSeconds: 10}, func(d *client.Delivery) error {
-			got <- string(d.Payload)
-			return d.Ack(ctx)
-		})
-	}()
-	testutil.WaitFor(t, 10*time.Second, "the subscriber to wait", func() bool { return e.stats("crlf").WaitingConsumers == 1 })
-	e.enqueue("crlf", "line\r\n")
-	select {
-	case p := <-got:
-		if p != "line\r\n" {
-			t.Fatalf("payload %q", p)
+// A multipart reader cannot tell a part ending in "\r\n", or one that is
+// "-" or "--", from the start of the next boundary; a subscriber must still
+// get such a delivery at once, not when the next message arrives.
+func TestQueueSubscribePayloadLikeABoundary(t *testing.T) {
+	for _, payload := range []string{"line\r\n", "-", "--", "x"} {
+		e := newEnv(t)
+		c := e.client()
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		got := make(chan string, 1)
+		done := make(chan error, 1)
+		go func() {
+			done <- c.Subscribe(ctx, wire.DequeueRequest{Queue: "edge", Owner: "sub", WaitSeconds: 10}, func(d *client.Delivery) error {
+				got <- string(d.Payload)
+				return d.Ack(ctx)
+			})
+		}()
+		testutil.WaitFor(t, 10*time.Second, "the subscriber to wait", func() bool { return e.stats("edge").WaitingConsumers == 1 })
+		e.enqueue("edge", payload)
+		select {
+		case p := <-got:
+			if p != payload {
+				t.Fatalf("payload %q, want %q", p, payload)
+			}
+		case err := <-done:
+			t.Fatalf("subscription ended: %v", err)
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the delivery of %q was held back", payload)
 		}
-	case err := <-done:
-		t.Fatalf("subscription ended: %v", err)
-	case <-time.After(5 * time.Second):
-		t.Fatal("the delivery was held back")
-	}
-	cancel()
-	if err := <-done; !errors.Is(err, context.Canceled) {
-		t.Fatalf("subscribe ended with %v", err)
+		cancel()
+		if err := <-done; !errors.Is(err, context.Canceled) {
+			t.Fatalf("subscribe ended with %v", err)
+		}
 	}
 }
 
