@@ -268,3 +268,29 @@ func TestAStalledHandshakeIsGivenUpOn(t *testing.T) {
 		t.Fatalf("describe against a stalled handshake: %v (context: %v), want a handshake timeout", err, ctx.Err())
 	}
 }
+
+// A subscription whose context ends while several deliveries wait behind
+// the one fn has hands back every one of them, as it does when fn fails,
+// not only the next one.
+func TestASubscriptionEndingHandsBackEveryDeliveryThatArrived(t *testing.T) {
+	s := &nackRecorder{t: t, stream: func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "multipart/related; boundary=b1")
+		body := deliveryBody(t, "b1", false, "one", "two", "three")
+		_, _ = w.Write(body[:len(body)-len("\r\n--b1--\r\n")]) // the stream goes on
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
+	}}
+	c := s.client(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err := c.Subscribe(ctx, wire.DequeueRequest{Queue: "q", Owner: "o", PageSize: 3}, func(d *Delivery) error {
+		cancel() // the consumer stops after its first message
+		return nil
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("subscription ended with %v", err)
+	}
+	if got := s.handedBack(); !slices.Equal(got, []string{"m1", "m2"}) {
+		t.Fatalf("handed back %v, want m1 and m2", got)
+	}
+}

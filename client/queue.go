@@ -366,6 +366,13 @@ func (c *Client) subscribe(ctx context.Context, path string, req wire.DequeueReq
 				return err
 			}
 			continue
+		case brokeOff(err):
+			// Its server went away before the stream began (restarting,
+			// or cut off): the stream is opened again, as after a break.
+			if err := pace(ctx, started); err != nil {
+				return err
+			}
+			continue
 		case err != nil:
 			return err
 		}
@@ -412,6 +419,27 @@ func cut(err error) bool {
 	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
+// brokeOff reports whether err, the failure to open a stream, is its
+// server going away (shutting down, without a leader, the connection
+// reset) rather than a refusal or a server that cannot be reached at all.
+func brokeOff(err error) bool {
+	var e *Error
+	if errors.As(err, &e) {
+		switch e.Envelope.Code {
+		case errcode.ShuttingDown.Code, errcode.Unavailable.Code, errcode.NoLeader.Code, errcode.NotLeader.Code:
+			return true
+		}
+		return false
+	}
+	var op *net.OpError
+	if err == nil || refused(err) || errors.As(err, &op) && op.Op == "dial" ||
+		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	var ne net.Error
+	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+}
+
 // drain hands a stream's deliveries to fn until the stream ends; it
 // reports how many fn was given, and whether fn finished (acked or
 // nacked) every one of them. A delivery leased to the stream that fn will
@@ -429,6 +457,10 @@ func (c *Client) drain(ctx context.Context, dr *deliveryReader, body io.Closer, 
 		case ctx.Err() != nil:
 			if d != nil {
 				_ = d.HandBack(ctx, ctx.Err())
+			}
+			if err == nil {
+				body.Close()
+				handBackRead(ctx, dr, ctx.Err())
 			}
 			return n, finished, ctx.Err()
 		case err != nil:
