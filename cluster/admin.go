@@ -44,7 +44,7 @@ func (n *Node) removePeerOnce(ctx context.Context, id string) error {
 		return n.removeLocal(ctx, id)
 	}
 	var reply RemoveReply
-	if err := n.peers.call(ctx, string(addr), "Remove", RemoveArgs{ID: id, Deadline: deadlineOf(ctx)}, &reply); err != nil {
+	if err := n.peers.call(ctx, string(addr), "Remove", RemoveArgs{ID: id, Deadline: deadlineOf(ctx), Timeout: timeoutOf(ctx)}, &reply); err != nil {
 		return err
 	}
 	if reply.Err != nil {

@@ -258,7 +258,7 @@ func (n *Node) LeaveMember(ctx context.Context, id string) error {
 		return errcode.NotFound.With("server %s is not a member", id)
 	}
 	var reply LeaveReply
-	callErr := n.peers.call(ctx, addr, "Leave", LeaveArgs{Deadline: deadlineOf(ctx)}, &reply)
+	callErr := n.peers.call(ctx, addr, "Leave", LeaveArgs{Deadline: deadlineOf(ctx), Timeout: timeoutOf(ctx)}, &reply)
 	if callErr == nil {
 		if reply.Err != nil {
 			return reply.Err

@@ -116,7 +116,7 @@ func (n *Node) Propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, erro
 		// The call is abandoned if the leader changes while it waits for
 		// an answer; the caller learns that the outcome is unknown.
 		fctx, done := n.leaderBound(ctx, addr)
-		err = n.peers.call(fctx, string(addr), "Propose", ProposeArgs{Command: data, Deadline: deadlineOf(ctx)}, &reply)
+		err = n.peers.call(fctx, string(addr), "Propose", ProposeArgs{Command: data, Deadline: deadlineOf(ctx), Timeout: timeoutOf(ctx)}, &reply)
 		done()
 		if err != nil {
 			if n.retryUndelivered(ctx, err, start) {

@@ -45,7 +45,7 @@ func (n *Node) readIndex(ctx context.Context) (uint64, error) {
 		}
 		var reply ReadIndexReply
 		rctx, done := n.leaderBound(ctx, addr)
-		err = n.peers.call(rctx, string(addr), "ReadIndex", ReadIndexArgs{Deadline: deadlineOf(ctx)}, &reply)
+		err = n.peers.call(rctx, string(addr), "ReadIndex", ReadIndexArgs{Deadline: deadlineOf(ctx), Timeout: timeoutOf(ctx)}, &reply)
 		done()
 		if err != nil {
 			// Asking the new leader again is safe: nothing was written.

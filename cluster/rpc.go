@@ -18,10 +18,14 @@ import (
 // The internal RPC service: a follower forwards proposals and asks for read
 // indexes; the leader asks every server for its Raft progress.
 
-// ProposeArgs carries an encoded command and the caller's deadline.
+// ProposeArgs carries an encoded command and the caller's deadline: the
+// time it had left when sent (Timeout, ns), which does not depend on the
+// two servers' clocks agreeing; a build that sends none gives its
+// deadline's wall-clock time (Deadline, Unix ns). Both 0: none.
 type ProposeArgs struct {
 	Command  []byte
-	Deadline int64 // Unix ns; 0: none
+	Deadline int64
+	Timeout  int64
 }
 
 // ProposeReply carries the leader's result.
@@ -31,7 +35,7 @@ type ProposeReply struct {
 }
 
 // ReadIndexArgs asks the leader for a read index.
-type ReadIndexArgs struct{ Deadline int64 }
+type ReadIndexArgs struct{ Deadline, Timeout int64 } // as ProposeArgs
 
 // ReadIndexReply is an index the reader's state machine must reach.
 type ReadIndexReply struct {
@@ -41,8 +45,8 @@ type ReadIndexReply struct {
 
 // RemoveArgs names a server to remove from the voter set.
 type RemoveArgs struct {
-	ID       string
-	Deadline int64
+	ID                string
+	Deadline, Timeout int64 // as ProposeArgs
 }
 
 // RemoveReply reports the removal.
@@ -52,7 +56,7 @@ type RemoveReply struct{ Err *errcode.Error }
 type StatsArgs struct{}
 
 // LeaveArgs asks a server to leave the cluster.
-type LeaveArgs struct{ Deadline int64 }
+type LeaveArgs struct{ Deadline, Timeout int64 } // as ProposeArgs
 
 // LeaveReply reports the departure.
 type LeaveReply struct{ Err *errcode.Error }
@@ -69,8 +73,11 @@ type PromiseReply struct{ Refused string }
 
 type rpcService struct{ n *Node }
 
-func deadlineCtx(ns int64) (context.Context, context.CancelFunc) {
-	if ns == 0 {
+func deadlineCtx(ns, timeout int64) (context.Context, context.CancelFunc) {
+	switch {
+	case timeout > 0:
+		return context.WithTimeout(context.Background(), time.Duration(timeout))
+	case ns == 0:
 		return context.WithTimeout(context.Background(), 10*time.Second)
 	}
 	return context.WithDeadline(context.Background(), time.Unix(0, ns))
@@ -95,7 +102,7 @@ func asErr(err error) *errcode.Error {
 // Propose applies a forwarded command; only the leader accepts it, so a
 // command is never forwarded twice.
 func (s *rpcService) Propose(args ProposeArgs, reply *ProposeReply) error {
-	ctx, cancel := deadlineCtx(args.Deadline)
+	ctx, cancel := deadlineCtx(args.Deadline, args.Timeout)
 	defer cancel()
 	cmd, err := fsm.Decode(args.Command)
 	if err != nil {
@@ -113,7 +120,7 @@ func (s *rpcService) Propose(args ProposeArgs, reply *ProposeReply) error {
 
 // ReadIndex returns an index covering every write acknowledged so far.
 func (s *rpcService) ReadIndex(args ReadIndexArgs, reply *ReadIndexReply) error {
-	ctx, cancel := deadlineCtx(args.Deadline)
+	ctx, cancel := deadlineCtx(args.Deadline, args.Timeout)
 	defer cancel()
 	if !s.n.IsLeader() {
 		reply.Err = s.n.notLeader()
@@ -126,7 +133,7 @@ func (s *rpcService) ReadIndex(args ReadIndexArgs, reply *ReadIndexReply) error 
 
 // Remove takes a server out of the voter set (leader only).
 func (s *rpcService) Remove(args RemoveArgs, reply *RemoveReply) error {
-	ctx, cancel := deadlineCtx(args.Deadline)
+	ctx, cancel := deadlineCtx(args.Deadline, args.Timeout)
 	defer cancel()
 	if !s.n.IsLeader() {
 		reply.Err = s.n.notLeader()
@@ -138,7 +145,7 @@ func (s *rpcService) Remove(args RemoveArgs, reply *RemoveReply) error {
 
 // Leave makes this server leave the cluster (and then shut down).
 func (s *rpcService) Leave(args LeaveArgs, reply *LeaveReply) error {
-	ctx, cancel := deadlineCtx(args.Deadline)
+	ctx, cancel := deadlineCtx(args.Deadline, args.Timeout)
 	defer cancel()
 	reply.Err = asErr(s.n.Leave(ctx))
 	return nil
@@ -301,6 +308,15 @@ func (p *peers) close() {
 func deadlineOf(ctx context.Context) int64 {
 	if d, ok := ctx.Deadline(); ok {
 		return d.UnixNano()
+	}
+	return 0
+}
+
+// timeoutOf is the time ctx has left (ns, at least 1), 0 without a
+// deadline.
+func timeoutOf(ctx context.Context) int64 {
+	if d, ok := ctx.Deadline(); ok {
+		return max(int64(time.Until(d)), 1)
 	}
 	return 0
 }
