@@ -570,14 +570,16 @@ func (h *handler) queueSubscribe(withState bool) func(http.ResponseWriter, *http
 				return err
 			}
 			m := d.Message
-			ended, stop, err := h.Queues.WatchDelivery(ctx, m.Namespace, m.Queue, m.ID, m.Lease.ID)
-			if err != nil {
+			w := deliveryWatch{watch: func() (<-chan fsm.Event, func(), error) {
+				return h.Queues.WatchDelivery(ctx, m.Namespace, m.Queue, m.ID, m.Lease.ID)
+			}}
+			if err := w.start(); err != nil {
 				if ctx.Err() == nil {
 					h.Logger.Warn("subscription ends", "queue", req.params.Queue, "error", err)
 				}
 				break
 			}
-			open = append(open, deliveryWatch{ended: ended, stop: stop})
+			open = append(open, w)
 		}
 		if mw == nil {
 			return fmt.Errorf("api: subscribe: %w", ctx.Err())
@@ -591,6 +593,20 @@ func (h *handler) queueSubscribe(withState bool) func(http.ResponseWriter, *http
 type deliveryWatch struct {
 	ended <-chan fsm.Event
 	stop  func()
+	watch func() (<-chan fsm.Event, func(), error)
+}
+
+func (w *deliveryWatch) start() (err error) {
+	w.ended, w.stop, err = w.watch()
+	return err
+}
+
+// over reports whether ev, an event of the watch, ends the delivery. A
+// restored state is no end: the watch starts again in the new state (the
+// delivery may be there still), and is over when that fails.
+func (w *deliveryWatch) over(ev fsm.Event) bool {
+	w.stop()
+	return ev.Kind != fsm.EventRestored || w.start() != nil
 }
 
 // finished drops the watches of deliveries that ended, whichever they are,
@@ -598,27 +614,30 @@ type deliveryWatch struct {
 // end (or for ctx): a subscriber that finishes a newer delivery before an
 // older one frees a slot at once.
 func finished(ctx context.Context, open []deliveryWatch, limit int, wait bool) []deliveryWatch {
-	open = slices.DeleteFunc(open, func(o deliveryWatch) bool {
+	for i := 0; i < len(open); {
 		select {
-		case <-o.ended:
-			o.stop()
-			return true
+		case ev := <-open[i].ended:
+			if open[i].over(ev) {
+				open = slices.Delete(open, i, i+1)
+				continue
+			}
 		default:
-			return false
 		}
-	})
+		i++
+	}
 	for len(open) >= limit && wait && len(open) > 0 {
 		cases := make([]reflect.SelectCase, 0, len(open)+1)
 		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())})
 		for _, o := range open {
 			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(o.ended)})
 		}
-		chosen, _, _ := reflect.Select(cases)
+		chosen, v, _ := reflect.Select(cases)
 		if chosen == 0 {
 			return open
 		}
-		open[chosen-1].stop()
-		open = slices.Delete(open, chosen-1, chosen)
+		if ev, _ := v.Interface().(fsm.Event); open[chosen-1].over(ev) {
+			open = slices.Delete(open, chosen-1, chosen)
+		}
 	}
 	return open
 }

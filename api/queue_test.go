@@ -1011,6 +1011,39 @@ func TestQueueSubscribeWindowFreesASlotForAnyFinishedDelivery(t *testing.T) {
 	}
 }
 
+// A restore of a state in which a subscription's delivery is still held
+// does not free the stream's slot: with page_size 1 it leases no second
+// message, and the watch of the delivery goes on in the restored state, so
+// that finishing it frees the slot.
+func TestQueueSubscribeWindowSurvivesARestore(t *testing.T) {
+	e := newEnv(t)
+	for _, p := range []string{"a", "b"} {
+		e.enqueue("restored", p)
+	}
+	ctx, cancel := context.WithTimeout(testCtx(t), 20*time.Second)
+	defer cancel()
+	next := e.subscribe(ctx, `{"queue":"restored","owner":"sub","wait_seconds":10,"page_size":1,"visibility_timeout_seconds":120}`)
+	first, p := next()
+	if p != "a" {
+		t.Fatalf("the stream started with %q", p)
+	}
+	backup := e.saveSnapshot() // "a" leased to the stream
+	c := testutil.OperatorClient(t, e.url, client.WithRetry(0))
+	if _, err := c.RestoreSnapshot(testCtx(t), bytes.NewReader(backup), int64(len(backup)), nil); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Second) // a stream that took the restore for the end of "a" leases "b" at once
+	if st := e.stats("restored"); st.InFlight != 1 {
+		t.Fatalf("a subscription with page_size 1 holds %d deliveries after a restore (stats %+v)", st.InFlight, st)
+	}
+	if r := e.post("/v1/queue/ack", nil, ackBody(first)); r.status != http.StatusOK {
+		t.Fatalf("ack: %d %s", r.status, r.body)
+	}
+	if _, p := next(); p != "b" {
+		t.Fatalf("after the ack the stream went on with %q", p)
+	}
+}
+
 // cutDeliveries answers every dequeue with its payload cut short, as a
 // connection that breaks after the delivery's meta part arrived would.
 type cutDeliveries struct{ http.RoundTripper }
