@@ -1044,6 +1044,37 @@ func TestQueueSubscribeWindowSurvivesARestore(t *testing.T) {
 	}
 }
 
+// raftlockd_lease_waiters_local counts blocked acquires only: a blocked
+// dequeue and a subscription holding a delivery are no lease waiters.
+func TestLocalLeaseWaitersCountsOnlyAcquires(t *testing.T) {
+	e := newEnv(t)
+	e.enqueue("gauge", "a")
+	ctx, cancel := context.WithTimeout(testCtx(t), 20*time.Second)
+	defer cancel()
+	next := e.subscribe(ctx, `{"queue":"gauge","owner":"sub","wait_seconds":10}`)
+	next()
+	blocked := make(chan resp, 1)
+	go func() { blocked <- e.post("/v1/queue/dequeue", nil, `{"queue":"empty","owner":"w","wait_seconds":10}`) }()
+	testutil.WaitFor(t, 5*time.Second, "the dequeue to wait", func() bool { return e.stats("empty").WaitingConsumers == 1 })
+	if n := e.localWaiters(); n != 0 {
+		t.Fatalf("no acquire waits, yet raftlockd_lease_waiters_local is %d", n)
+	}
+	l := e.acquire(wire.AcquireRequest{Key: "held", Owner: "a", TTLSeconds: 30}, nil)
+	granted := make(chan resp, 1)
+	go func() {
+		granted <- e.post("/v1/acquire", nil, `{"key":"held","owner":"b","ttl_seconds":30,"block_seconds":10}`)
+	}()
+	testutil.WaitFor(t, 5*time.Second, "the acquire to wait", func() bool { return e.localWaiters() == 1 })
+	e.release(l, false)
+	if r := <-granted; r.status != http.StatusOK {
+		t.Fatalf("the blocked acquire: %d %s", r.status, r.body)
+	}
+	e.enqueue("empty", "x")
+	if r := <-blocked; r.status != http.StatusOK {
+		t.Fatalf("the blocked dequeue: %d %s", r.status, r.body)
+	}
+}
+
 // cutDeliveries answers every dequeue with its payload cut short, as a
 // connection that breaks after the delivery's meta part arrived would.
 type cutDeliveries struct{ http.RoundTripper }

@@ -160,7 +160,7 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 	cmd := &fsm.AcquireCmd{Namespace: ns, Key: key, Owner: own, TxnID: txn, LeaseID: xid.New().String(),
 		RequestID: req, TTL: ttl.Milliseconds(), Wait: wait.Milliseconds(), IfNotExists: p.IfNotExists, Attempt: attempt,
 		Node: k.node.ID, Run: k.node.Run}
-	events, unregister := k.waits.register(req, attempt)
+	events, unregister := k.waits.register(req, attempt, waitAcquire)
 	defer unregister()
 	res, ev, err := proposeAndWait(ctx, k.store, wait, events, func(left int64) *fsm.Command {
 		cmd.Wait = left

@@ -294,7 +294,7 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 			cmd.StateTxn = xid.New().String()
 		}
 	}
-	events, unregister := q.waits.register(req, "")
+	events, unregister := q.waits.register(req, "", waitDequeue)
 	defer func() { unregister() }()
 	delivered := func(r *fsm.Result) bool { return r.Queue != nil && r.Queue.Message != nil }
 	res, ev, err := proposeAndWait(ctx, q.store, wait, events, func(left int64) *fsm.Command {
@@ -313,7 +313,7 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 		unregister()
 		req = xid.New().String()
 		cmd.RequestID = req
-		events, unregister = q.waits.register(req, "")
+		events, unregister = q.waits.register(req, "", waitDequeue)
 		return res, events, nil
 	})
 	switch {
@@ -507,7 +507,7 @@ func (q *Queues) Stats(ctx context.Context, ns, queue string, c Consistency) (fs
 // dead-lettered or dropped) as far as this server has applied, and stop,
 // which ends the watch.
 func (q *Queues) WatchDelivery(ctx context.Context, ns, queue, id, leaseID string) (<-chan fsm.Event, func(), error) {
-	events, stop := q.waits.register(leaseID, "")
+	events, stop := q.waits.register(leaseID, "", waitDelivery)
 	held := false
 	// Registered first: an end applied after this read is heard of. The
 	// read is linearizable: a follower the leader handed the delivery to

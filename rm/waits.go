@@ -22,8 +22,19 @@ type Waits struct {
 
 type listener struct {
 	attempt string
+	kind    waitKind
 	ch      chan fsm.Event
 }
+
+// waitKind says what a listener waits for: only acquirers count as the
+// node's waiters (Len).
+type waitKind uint8
+
+const (
+	waitAcquire  waitKind = iota // a blocked acquire
+	waitDequeue                  // a blocked dequeue
+	waitDelivery                 // the end of a subscription's delivery
+)
 
 // NewWaits returns an empty registry.
 func NewWaits() *Waits { return &Waits{waiting: make(map[string][]listener)} }
@@ -31,10 +42,10 @@ func NewWaits() *Waits { return &Waits{waiting: make(map[string][]listener)} }
 // register starts listening for the outcome of attempt of requestID. It
 // must be called before the acquire is proposed, so an immediate grant
 // cannot be missed.
-func (w *Waits) register(requestID, attempt string) (<-chan fsm.Event, func()) {
+func (w *Waits) register(requestID, attempt string, kind waitKind) (<-chan fsm.Event, func()) {
 	ch := make(chan fsm.Event, 1)
 	w.mu.Lock()
-	w.waiting[requestID] = append(w.waiting[requestID], listener{attempt: attempt, ch: ch})
+	w.waiting[requestID] = append(w.waiting[requestID], listener{attempt: attempt, kind: kind, ch: ch})
 	w.mu.Unlock()
 	return ch, func() {
 		w.mu.Lock()
@@ -108,13 +119,17 @@ func tell(ch chan fsm.Event, e fsm.Event) {
 	}
 }
 
-// Len reports how many requests are waiting on this node.
+// Len reports how many acquire requests are waiting on this node.
 func (w *Waits) Len() int {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	n := 0
-	for _, l := range w.waiting {
-		n += len(l)
+	for _, list := range w.waiting {
+		for _, l := range list {
+			if l.kind == waitAcquire {
+				n++
+			}
+		}
 	}
 	return n
 }
