@@ -92,6 +92,13 @@ func (c *clockSync) add(name string, s clockSample) {
 		p = &peerClock{}
 		c.peers[name] = p
 	}
+	// A probe's offset is right to within half its round trip. Older
+	// samples the new one cannot agree with were taken before a clock (this
+	// node's or the peer's) stepped: kept, a fast one among them would
+	// outweigh every probe since.
+	p.samples = slices.DeleteFunc(p.samples, func(o clockSample) bool {
+		return (o.offset - s.offset).Abs() > (o.rtt+s.rtt)/2+5*time.Millisecond // and some drift
+	})
 	p.samples = append(p.samples, s)
 	if len(p.samples) > clockSamples {
 		p.samples = slices.Delete(p.samples, 0, len(p.samples)-clockSamples)

@@ -30,8 +30,9 @@ func TestClockCorrectionIsTheMedianOfPeerOffsets(t *testing.T) {
 	if got := c.Offset(); got != -10*time.Second+4*time.Millisecond {
 		t.Fatalf("both peers are 10s behind: correction %v", got)
 	}
-	// A probe delayed on the way is ignored while a faster one is recent.
-	c.add("b", sample(-12*time.Second, 40*time.Millisecond, 0))
+	// A probe delayed on the way (right to within half its round trip) is
+	// ignored while a faster one is recent.
+	c.add("b", sample(-10*time.Second-15*time.Millisecond, 40*time.Millisecond, 0))
 	if got := c.Offset(); got != -10*time.Second+4*time.Millisecond {
 		t.Fatalf("a slow probe moved the correction to %v", got)
 	}
@@ -157,5 +158,23 @@ func TestLeasesKeepTheirTimeWhenANodesClockIsOff(t *testing.T) {
 		if d := off(n); d.Abs() > 250*time.Millisecond {
 			t.Fatalf("%s stamps %v off real time", id, d)
 		}
+	}
+}
+
+// A step of this node's clock (an NTP step, a resumed VM) is followed as
+// soon as the peers' probes show it: a fast probe from before the step
+// does not outweigh them.
+func TestTheCorrectionFollowsAStepOfThisNodesClock(t *testing.T) {
+	clock := &skewedClock{}
+	c := newClockSync(clock, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	for _, peer := range []string{"a", "b"} {
+		c.add(peer, clockSample{offset: 0, rtt: 300 * time.Microsecond, at: time.Now()})
+	}
+	clock.off.Store(int64(10 * time.Second))
+	for _, peer := range []string{"a", "b"} {
+		c.add(peer, clockSample{offset: -10 * time.Second, rtt: 500 * time.Microsecond, at: time.Now()})
+	}
+	if off := time.Until(c.Now()); off.Abs() > time.Second {
+		t.Fatalf("after a probe of each peer since the step, this node's corrected clock is %v off", off)
 	}
 }
