@@ -63,7 +63,10 @@ type followerOf struct {
 
 func (followerOf) IsLeader() bool                  { return false }
 func (f followerOf) Leader() (id, endpoint string) { return "n1", f.endpoint }
-func (followerOf) BackendHash() string             { return "island" }
+func (f followerOf) AwaitLeader(context.Context) (id, endpoint string, err error) {
+	return "n1", f.endpoint, nil
+}
+func (followerOf) BackendHash() string { return "island" }
 
 func (f followerOf) WhileLeads(ctx context.Context, _ string) (context.Context, context.CancelFunc) {
 	ctx, cancel := context.WithCancelCause(ctx)

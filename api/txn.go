@@ -42,6 +42,9 @@ type ResourceManager interface {
 type Leader interface {
 	IsLeader() bool
 	Leader() (id, endpoint string)
+	// AwaitLeader is Leader after waiting (a bounded time: no_leader then)
+	// for a leader to be known.
+	AwaitLeader(ctx context.Context) (id, endpoint string, err error)
 	BackendHash() string
 	// WhileLeads bounds a request handed to leader id: its context ends
 	// soon after id stops leading.
@@ -73,6 +76,17 @@ func (h *handler) leaderOnly(fn func(http.ResponseWriter, *http.Request) error) 
 			return fn(w, r)
 		}
 		id, endpoint := h.LeaderOf.Leader()
+		if r.Header.Get(wire.HeaderForwardedBy) == "" {
+			// As every other request does, one that finds no leader waits
+			// for the election to end.
+			var err error
+			if id, endpoint, err = h.LeaderOf.AwaitLeader(r.Context()); err != nil {
+				return err
+			}
+			if h.LeaderOf.IsLeader() {
+				return fn(w, r)
+			}
+		}
 		if endpoint == "" || r.Header.Get(wire.HeaderForwardedBy) != "" {
 			e := errcode.NotLeader.With("node %s is not the leader", h.NodeID)
 			if id == "" {

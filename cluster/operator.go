@@ -28,6 +28,16 @@ func (n *Node) Leader() (id, endpoint string) {
 	return string(lid), n.APIEndpoint(string(lid))
 }
 
+// AwaitLeader is Leader after waiting up to LeaderWait for a leader
+// (no_leader then).
+func (n *Node) AwaitLeader(ctx context.Context) (id, endpoint string, err error) {
+	_, lid, err := n.awaitLeader(ctx)
+	if err != nil {
+		return "", "", err
+	}
+	return string(lid), n.APIEndpoint(string(lid)), nil
+}
+
 // LeaderInfo describes the leader as lockd's /v1/tc/leader reports it.
 type LeaderInfo struct {
 	ID       string

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/raft"
+	"github.com/rs/xid"
 
 	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/internal/testutil"
@@ -404,5 +405,33 @@ func TestALeaveOfAServerRemovedWhileItRunsEnds(t *testing.T) {
 	c.Stop(victim)
 	if got := len(c.servers(l)); got != 2 {
 		t.Fatalf("%d servers in the configuration, want 2", got)
+	}
+}
+
+// A coordinator request that reaches a follower while no leader is known
+// waits for the election to end, as every other request does, instead of
+// answering no_leader at once.
+func TestACoordinatorRequestWaitsForAnElection(t *testing.T) {
+	c := Start(t, 3)
+	l := c.WaitLeader(10 * time.Second)
+	rest := others(c, l)
+	f, g := rest[0], rest[1]
+	// With the leader and another server frozen, f cannot elect anyone.
+	c.Freeze(l)
+	c.Freeze(g)
+	t.Cleanup(func() { c.Thaw(l); c.Thaw(g) })
+	testutil.WaitFor(t, 10*time.Second, "the follower to lose its leader", func() bool {
+		return !c.Nodes[f].Server.Node().HasLeader()
+	})
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Operator(f).TxnDecide(context.Background(), wire.TxnDecisionRequest{TxnID: xid.New().String(),
+			State: wire.TxnStateRollback})
+		done <- err
+	}()
+	time.Sleep(300 * time.Millisecond) // the request is in, waiting
+	c.Thaw(g)
+	if err := <-done; err != nil {
+		t.Fatalf("a decide sent during an election: %v", err)
 	}
 }
