@@ -100,10 +100,11 @@ type Member struct {
 }
 
 type gossip struct {
-	n       *Node
-	cfg     GossipConfig
-	ml      *memberlist.Memberlist
-	keyring *memberlist.Keyring // nil when gossip is not encrypted
+	n        *Node
+	cfg      GossipConfig
+	ml       *memberlist.Memberlist
+	selfAddr string              // the address this node gossips at, read once at start
+	keyring  *memberlist.Keyring // nil when gossip is not encrypted
 
 	mu      sync.Mutex
 	members map[string]*Member
@@ -177,6 +178,9 @@ func startGossip(n *Node, cfg GossipConfig) (*gossip, error) {
 		g.cancel()
 		return nil, fmt.Errorf("cluster: start gossip on %s: %w", cfg.Bind, err)
 	}
+	// Read before the loops start: memberlist rewrites its local node
+	// when this node's metadata changes (refresh).
+	g.selfAddr = g.ml.LocalNode().Address()
 	g.wg.Add(5)
 	go g.joinLoop()
 	go g.bootstrapLoop()
@@ -351,13 +355,12 @@ func (g *gossip) joinedOthers(err error) error {
 // onlySelf tells whether every --join address is this node's own gossip
 // address: there is nobody else to join.
 func (g *gossip) onlySelf() bool {
-	self := g.ml.LocalNode().Address()
 	for _, a := range g.cfg.Join {
 		host, port, err := net.SplitHostPort(a)
 		if err != nil {
 			return false
 		}
-		if ip, err := resolveHost(host); err != nil || net.JoinHostPort(ip, port) != self {
+		if ip, err := resolveHost(host); err != nil || net.JoinHostPort(ip, port) != g.selfAddr {
 			return false
 		}
 	}
@@ -848,7 +851,7 @@ func (g *gossip) wasRemoved(id string) bool {
 }
 
 // addr is this node's gossip address.
-func (g *gossip) addr() string { return g.ml.LocalNode().Address() }
+func (g *gossip) addr() string { return g.selfAddr }
 
 // leave announces a graceful departure: first, to every member over TCP,
 // that this node is leaving (so the others tell its departure from a
