@@ -333,7 +333,8 @@ func readPart(p *multipart.Part) ([]byte, error) {
 // stream without waiting also ends when its page of unfinished deliveries
 // is full; when fn acked or nacked each through Delivery.Ack or Nack,
 // another stream is opened). A stream that breaks off (its server crashed
-// or restarted) is opened again. Every delivery is leased like a dequeued
+// or restarted), or whose server goes away before it began (shutting down,
+// without a leader), is opened again. Every delivery is leased like a dequeued
 // one: fn acks or nacks it. A delivery that never reaches fn is handed back
 // (Delivery.HandBack): one that arrived when ctx ended or after fn failed,
 // and one a broken-off stream delivered only in part. One the server sent
