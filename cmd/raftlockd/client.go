@@ -50,7 +50,7 @@ type leaseFlags struct {
 // registerQueueState adds --queue-state, for the commands that read and
 // change a message's state sidecar like any key.
 func (l *leaseFlags) registerQueueState(cmd *cobra.Command) {
-	cmd.Flags().BoolVar(&l.queueState, "queue-state", false, "use the state sidecar of the delivery `client queue dequeue --with-state` "+
+	cmd.Flags().BoolVar(&l.queueState, "queue-state", false, "use the state sidecar of the delivery \"client queue dequeue --with-state\" "+
 		"exported ("+queueEnv+"STATE_KEY, _STATE_LEASE, _STATE_TXN_ID, _STATE_FENCING_TOKEN) instead of --key, --lease, --txn-id and --fencing-token")
 }
 
