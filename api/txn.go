@@ -75,8 +75,9 @@ func (h *handler) leaderOnly(fn func(http.ResponseWriter, *http.Request) error) 
 		if h.LeaderOf == nil || h.LeaderOf.IsLeader() {
 			return fn(w, r)
 		}
+		forwarded := r.Header.Get(wire.HeaderForwardedBy) != ""
 		id, endpoint := h.LeaderOf.Leader()
-		if r.Header.Get(wire.HeaderForwardedBy) == "" {
+		if !forwarded {
 			// As every other request does, one that finds no leader waits
 			// for the election to end.
 			var err error
@@ -87,7 +88,7 @@ func (h *handler) leaderOnly(fn func(http.ResponseWriter, *http.Request) error) 
 				return fn(w, r)
 			}
 		}
-		if endpoint == "" || r.Header.Get(wire.HeaderForwardedBy) != "" {
+		if endpoint == "" || forwarded {
 			e := errcode.NotLeader.With("node %s is not the leader", h.NodeID)
 			if id == "" {
 				e = errcode.NoLeader.With("no leader is known")
