@@ -413,9 +413,12 @@ func (e *streamError) Unwrap() error { return e.err }
 // or it ended before its closing boundary.
 func cut(err error) bool {
 	var se *streamError
-	if !errors.As(err, &se) {
-		return false
-	}
+	return errors.As(err, &se) && connectionLost(err)
+}
+
+// connectionLost reports whether err is a connection that failed or a body
+// that ended early.
+func connectionLost(err error) bool {
 	var ne net.Error
 	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
@@ -437,8 +440,7 @@ func brokeOff(err error) bool {
 		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
-	var ne net.Error
-	return errors.As(err, &ne) || errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
+	return connectionLost(err)
 }
 
 // drain hands a stream's deliveries to fn until the stream ends; it
