@@ -17,6 +17,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rs/xid"
@@ -435,12 +436,16 @@ func brokeOff(err error) bool {
 		}
 		return false
 	}
+	// Every error of an HTTP call is a net.Error (url.Error): only a
+	// failed connection, not a server that speaks no HTTP or a URL no
+	// transport takes, is the server going away.
 	var op *net.OpError
 	if err == nil || refused(err) || errors.As(err, &op) && op.Op == "dial" ||
 		errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return false
 	}
-	return connectionLost(err)
+	return errors.As(err, &op) || errors.Is(err, syscall.ECONNRESET) ||
+		errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF)
 }
 
 // drain hands a stream's deliveries to fn until the stream ends; it

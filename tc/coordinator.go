@@ -514,7 +514,11 @@ func (c *Coordinator) commit(ctx context.Context, d Decision, rec *fsm.TxnRecord
 		}
 	}
 	if err := c.prepareRemotes(ctx, d, prepared); err != nil {
-		return c.prepareFailed(ctx, d, err, prepared)
+		var before []string // each still holds what it prepared then
+		if rec != nil {
+			before = rec.Prepared
+		}
+		return c.prepareFailed(ctx, d, err, before)
 	}
 	return c.finish(ctx, d, fsm.ReasonTC, "")
 }

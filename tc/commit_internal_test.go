@@ -1,0 +1,98 @@
+package tc
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/fsm"
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// countingRemote prepares (or, when conflict is set, refuses with a lock
+// conflict) and applies every decision; it counts the calls.
+type countingRemote struct {
+	Remote
+	mu       sync.Mutex
+	prepares []wire.TxnDecisionRequest
+	applies  []wire.TxnDecisionRequest
+	conflict bool
+}
+
+func (r *countingRemote) Prepare(_ context.Context, _ string, req wire.TxnDecisionRequest) (wire.TxnDecisionResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.prepares = append(r.prepares, req)
+	if r.conflict {
+		return wire.TxnDecisionResponse{}, errcode.TxnLockConflict.With("%salice", fsm.LockedPrefix)
+	}
+	return wire.TxnDecisionResponse{TxnID: req.TxnID, State: fsm.TxnPending}, nil
+}
+
+func (r *countingRemote) Apply(_ context.Context, _ string, req wire.TxnDecisionRequest) (wire.TxnDecisionResponse, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.applies = append(r.applies, req)
+	return wire.TxnDecisionResponse{TxnID: req.TxnID, State: req.State}, nil
+}
+
+func countingCoordinator(t *testing.T) (*Coordinator, *countingRemote) {
+	store := newApplyStore(t, time.UnixMilli(50_000_000))
+	remote := &countingRemote{}
+	self := "a"
+	if _, err := store.Propose(context.Background(), &fsm.Command{Op: fsm.OpSetBackend, SetBackend: &fsm.SetBackendCmd{Hash: self}}); err != nil {
+		t.Fatal(err)
+	}
+	c := New(store, fixedIsland{self, []string{"https://a1"}}, remote, store, Config{FanoutAttempts: 1})
+	if _, err := c.Register(context.Background(), fsm.RMRegisterCmd{Backend: "b", Endpoint: "https://b1", PassedOn: true, ChangedAt: 1_000}); err != nil {
+		t.Fatal(err)
+	}
+	return c, remote
+}
+
+// A commit naming what the prepare named prepares nothing again, whatever
+// form the request gives the participants in.
+func TestACommitAfterAPrepareDoesNotPrepareAgain(t *testing.T) {
+	c, remote := countingCoordinator(t)
+	ctx := context.Background()
+	txn := "d4u1jq0n4ncs73cnv2f0"
+	if _, err := c.Decide(ctx, Decision{TxnID: txn, State: fsm.TxnPending, Participants: []fsm.Participant{
+		{Namespace: "", Key: "ka"}, {Backend: "b", Namespace: "", Key: "kb"}}}); err != nil {
+		t.Fatal(err)
+	}
+	if n := len(remote.prepares); n != 1 {
+		t.Fatalf("%d prepares", n)
+	}
+	info, err := c.Decide(ctx, Decision{TxnID: txn, State: fsm.TxnCommit, Participants: []fsm.Participant{
+		{Namespace: "default", Key: "ka"}, {Backend: " b", Namespace: "default", Key: "kb"}}})
+	if err != nil || info.State != fsm.TxnCommit {
+		t.Fatalf("commit: %+v %v", info, err)
+	}
+	if n := len(remote.prepares); n != 1 {
+		t.Fatalf("the commit prepared b again: %d prepares", n)
+	}
+}
+
+// An island that prepared kb1 and refuses the commit's new kb2 with a
+// conflict (found when its prepare is applied) still holds kb1: it is told
+// the rollback, as prepareFailed promises for an island that had prepared.
+func TestAnIslandPreparedAgainThatRefusesIsToldTheRollback(t *testing.T) {
+	c, remote := countingCoordinator(t)
+	ctx := context.Background()
+	txn := "d4u1jq0n4ncs73cnv2fg"
+	if _, err := c.Decide(ctx, Decision{TxnID: txn, State: fsm.TxnPending, Participants: []fsm.Participant{
+		{Backend: "b", Namespace: "default", Key: "kb1"}}}); err != nil {
+		t.Fatal(err)
+	}
+	remote.conflict = true
+	_, err := c.Decide(ctx, Decision{TxnID: txn, State: fsm.TxnCommit, Participants: []fsm.Participant{
+		{Backend: "b", Namespace: "default", Key: "kb1"}, {Backend: "b", Namespace: "default", Key: "kb2"}}})
+	if e := envelope(err); e == nil || e.Code != errcode.TxnLockConflict.Code {
+		t.Fatalf("commit: %v", err)
+	}
+	if len(remote.applies) == 0 {
+		t.Fatalf("b, which had prepared kb1, was never told the rollback (prepares %d, applies 0)", len(remote.prepares))
+	}
+}
