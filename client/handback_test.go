@@ -244,21 +244,8 @@ func TestExtendingWhileAckingIsSafe(t *testing.T) {
 func TestAStalledHandshakeIsGivenUpOn(t *testing.T) {
 	defer func(d time.Duration) { connectTimeout = d }(connectTimeout)
 	connectTimeout = 300 * time.Millisecond
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			t.Cleanup(func() { conn.Close() })
-		}
-	}()
-	c, err := New("https://"+ln.Addr().String(), WithRetry(0))
+	addr := rawServer(t, func(conn net.Conn) { t.Cleanup(func() { conn.Close() }) })
+	c, err := New("https://"+addr, WithRetry(0))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,26 +20,12 @@ func subscribeErr(t *testing.T, c *Client) error {
 // A server that is no HTTP server at all (it answers garbage) is not one
 // going away: the subscription fails, it is not opened again and again.
 func TestASubscriptionToANonHTTPServerFails(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer conn.Close()
-				buf := make([]byte, 4096)
-				_, _ = conn.Read(buf)
-				_, _ = conn.Write([]byte("SSH-2.0-OpenSSH_9.6\r\n\r\n"))
-			}()
-		}
-	}()
-	c, err := New("http://" + ln.Addr().String())
+	addr := rawServer(t, func(conn net.Conn) {
+		defer conn.Close()
+		_, _ = conn.Read(make([]byte, 4096))
+		_, _ = conn.Write([]byte("SSH-2.0-OpenSSH_9.6\r\n\r\n"))
+	})
+	c, err := New("http://" + addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,4 +44,25 @@ func TestASubscriptionWithAnUnsupportedSchemeFails(t *testing.T) {
 	if err := subscribeErr(t, c); err == nil || errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("a subscription to ftp://: %v, want its failure at once", err)
 	}
+}
+
+// rawServer accepts TCP connections on a loopback address and hands each to
+// handle in a goroutine of its own until the test ends.
+func rawServer(t *testing.T, handle func(net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go handle(conn)
+		}
+	}()
+	return ln.Addr().String()
 }
