@@ -131,13 +131,7 @@ func (s *nackRecorder) client(t *testing.T) *Client {
 // behind the one fn failed on, instead of leaving them leased until their
 // leases run out (which would count as failed deliveries).
 func TestASubscriptionWhoseFnFailsHandsBackWhatArrived(t *testing.T) {
-	s := &nackRecorder{t: t, stream: func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "multipart/related; boundary=b1")
-		body := deliveryBody(t, "b1", false, "one", "two", "three")
-		_, _ = w.Write(body[:len(body)-len("\r\n--b1--\r\n")]) // the stream goes on
-		w.(http.Flusher).Flush()
-		<-r.Context().Done()
-	}}
+	s := &nackRecorder{t: t, stream: openStream(t, "one", "two", "three")}
 	c := s.client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -260,13 +254,7 @@ func TestAStalledHandshakeIsGivenUpOn(t *testing.T) {
 // the one fn has hands back every one of them, as it does when fn fails,
 // not only the next one.
 func TestASubscriptionEndingHandsBackEveryDeliveryThatArrived(t *testing.T) {
-	s := &nackRecorder{t: t, stream: func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "multipart/related; boundary=b1")
-		body := deliveryBody(t, "b1", false, "one", "two", "three")
-		_, _ = w.Write(body[:len(body)-len("\r\n--b1--\r\n")]) // the stream goes on
-		w.(http.Flusher).Flush()
-		<-r.Context().Done()
-	}}
+	s := &nackRecorder{t: t, stream: openStream(t, "one", "two", "three")}
 	c := s.client(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -279,5 +267,17 @@ func TestASubscriptionEndingHandsBackEveryDeliveryThatArrived(t *testing.T) {
 	}
 	if got := s.handedBack(); !slices.Equal(got, []string{"m1", "m2"}) {
 		t.Fatalf("handed back %v, want m1 and m2", got)
+	}
+}
+
+// openStream is a subscription stream that delivers payloads and then goes
+// on, sending nothing more, until the client goes away.
+func openStream(t *testing.T, payloads ...string) func(http.ResponseWriter, *http.Request) {
+	return func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "multipart/related; boundary=b1")
+		body := deliveryBody(t, "b1", false, payloads...)
+		_, _ = w.Write(body[:len(body)-len("\r\n--b1--\r\n")])
+		w.(http.Flusher).Flush()
+		<-r.Context().Done()
 	}
 }

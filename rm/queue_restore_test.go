@@ -21,25 +21,8 @@ func TestADequeueProposedAgainAfterARestoreAnswersItsDelivery(t *testing.T) {
 	q := NewQueues(base, waits, storeClock{base}, QueueLimits{MaxWait: time.Minute}, Server{ID: "n1"}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	type out struct {
-		d   *Delivery
-		err error
-	}
-	done := make(chan out, 1)
-	go func() {
-		d, err := q.Dequeue(ctx, DequeueParams{Queue: "q", Owner: "w", WaitSeconds: 10})
-		done <- out{d, err}
-	}()
-	for {
-		st, err := q.Stats(ctx, "default", "q", Linearizable)
-		if err != nil {
-			t.Fatalf("waiting for the dequeue to stand in line: %v", err)
-		}
-		if st.Waiting == 1 {
-			break
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	done := dequeueInBackground(ctx, q)
+	waitInLine(ctx, t, q, 1)
 	first, err := q.Enqueue(ctx, EnqueueParams{Queue: "q"}) // handed to the waiting dequeue
 	if err != nil {
 		t.Fatal(err)
@@ -73,29 +56,8 @@ func TestADequeueProposedAgainAfterARestoreKeepsWaiting(t *testing.T) {
 	q := NewQueues(base, waits, storeClock{base}, QueueLimits{MaxWait: time.Minute}, Server{ID: "n1"}, nil)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	type out struct {
-		d   *Delivery
-		err error
-	}
-	done := make(chan out, 1)
-	go func() {
-		d, err := q.Dequeue(ctx, DequeueParams{Queue: "q", Owner: "w", WaitSeconds: 10})
-		done <- out{d, err}
-	}()
-	waiting := func(n int) {
-		t.Helper()
-		for {
-			st, err := q.Stats(ctx, "default", "q", Linearizable)
-			if err != nil {
-				t.Fatalf("waiting for %d dequeue(s) in line: %v", n, err)
-			}
-			if st.Waiting == n {
-				return
-			}
-			time.Sleep(5 * time.Millisecond)
-		}
-	}
-	waiting(1)
+	done := dequeueInBackground(ctx, q)
+	waitInLine(ctx, t, q, 1)
 	waits.Observe([]fsm.Event{{Kind: fsm.EventRestored}})
 	// It leaves the line and stands in it again.
 	for {
@@ -118,5 +80,35 @@ func TestADequeueProposedAgainAfterARestoreKeepsWaiting(t *testing.T) {
 	got := <-done
 	if got.err != nil || got.d.Message.ID != sent.ID {
 		t.Fatalf("after the restore the dequeue answered %+v %v, want message %s", got.d, got.err, sent.ID)
+	}
+}
+
+type dequeued struct {
+	d   *Delivery
+	err error
+}
+
+// dequeueInBackground starts a dequeue of queue q that waits up to 10 s.
+func dequeueInBackground(ctx context.Context, q *Queues) <-chan dequeued {
+	done := make(chan dequeued, 1)
+	go func() {
+		d, err := q.Dequeue(ctx, DequeueParams{Queue: "q", Owner: "w", WaitSeconds: 10})
+		done <- dequeued{d, err}
+	}()
+	return done
+}
+
+// waitInLine waits until n dequeues stand in queue q's line.
+func waitInLine(ctx context.Context, t *testing.T, q *Queues, n int) {
+	t.Helper()
+	for {
+		st, err := q.Stats(ctx, "default", "q", Linearizable)
+		if err != nil {
+			t.Fatalf("waiting for %d dequeue(s) in line: %v", n, err)
+		}
+		if st.Waiting == n {
+			return
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
