@@ -408,13 +408,18 @@ func TestServersThatDisagreeOnTheSizeBootstrapNothing(t *testing.T) {
 		l := currentLeader(nodes)
 		return l != nil && len(voters(t, l)) == 5
 	})
-	bootstraps := 0
-	for _, n := range nodes {
-		if n.gossip.bootstrapped.Load() {
-			bootstraps++
+	if n := bootstraps(nodes); n != 1 {
+		t.Fatalf("%d bootstraps, want 1", n)
+	}
+}
+
+// bootstraps counts the nodes that bootstrapped a cluster.
+func bootstraps(nodes []*Node) int {
+	n := 0
+	for _, node := range nodes {
+		if node.gossip.bootstrapped.Load() {
+			n++
 		}
 	}
-	if bootstraps != 1 {
-		t.Fatalf("%d bootstraps, want 1", bootstraps)
-	}
+	return n
 }

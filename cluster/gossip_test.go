@@ -99,14 +99,8 @@ func TestGossipBootstrapsOneClusterAndManagesVoters(t *testing.T) {
 		}
 	}
 	leader := leaderOf(t, nodes)
-	bootstraps := 0
-	for _, n := range nodes {
-		if n.gossip.bootstrapped.Load() {
-			bootstraps++
-		}
-	}
-	if bootstraps != 1 {
-		t.Fatalf("%d nodes bootstrapped, want exactly 1", bootstraps)
+	if n := bootstraps(nodes); n != 1 {
+		t.Fatalf("%d nodes bootstrapped, want exactly 1", n)
 	}
 	if v := voters(t, leader); len(v) != 3 || !v["n1"] || !v["n2"] || !v["n3"] {
 		t.Fatalf("voters %v", v)
