@@ -355,8 +355,16 @@ func (n *Node) GossipAddr() string {
 // or installed.
 func (n *Node) LastSnapshotIndex() uint64 { return parseUint(n.raft.Stats()["last_snapshot_index"]) }
 
-// transferLeadership hands leadership to another voter.
+// transferLeadership hands leadership to another voter. A transfer that
+// fails for want of a voter ready to take over (none caught up, none
+// answered in time) is unavailable for now, not a fault of the server.
 func (n *Node) transferLeadership() error {
 	_, err := n.await(func() raft.Future { return n.raft.LeadershipTransfer() })
-	return err
+	var coded *errcode.Error
+	if err == nil || errors.As(err, &coded) {
+		return err
+	}
+	e := errcode.Unavailable.With("leadership could not be handed over; retry once the other voters have caught up: %v", err)
+	e.RetryAfter = 1
+	return e
 }

@@ -529,3 +529,18 @@ func TestWhileLeadsEndsWhenTheLeaderChanges(t *testing.T) {
 		return ctx.Err() != nil
 	})
 }
+
+func TestAFailedLeadershipTransferIsUnavailableNotAFault(t *testing.T) {
+	n := open(t, testConfig(t.TempDir(), "boot"))
+	defer n.Close()
+	// A lone voter has no one to hand leadership to: raft fails the
+	// transfer with an error of its own, which must not become a 500.
+	err := n.transferLeadership()
+	if !errors.Is(err, errcode.Unavailable) {
+		t.Fatalf("transfer with no other voter: %v, want %v", err, errcode.Unavailable)
+	}
+	var e *errcode.Error
+	if !errors.As(err, &e) || e.RetryAfter == 0 {
+		t.Fatalf("transfer failure %v carries no retry_after_seconds", err)
+	}
+}
