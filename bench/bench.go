@@ -66,6 +66,15 @@ type PutDriver interface {
 	Put(ctx context.Context, worker int, key string, payload []byte) error
 }
 
+// PutPreparer is a PutDriver that needs something set up before it puts to
+// a key (raftlockd: the lease its updates go under). Run prepares every
+// client's key before the first operation, so that no measured put pays
+// for it.
+type PutPreparer interface {
+	PutDriver
+	PreparePut(ctx context.Context, worker int, key string) error
+}
+
 // Finisher is a Driver that holds something across the operations of a
 // run (leases, for example) and gives it back when the run ends.
 type Finisher interface {
@@ -197,7 +206,11 @@ func Run(ctx context.Context, d Driver, opts Options) (Result, error) {
 		return Result{}, fmt.Errorf("bench: %s does not run %s", d.Name(), opts.Workload)
 	}
 	payload := Payload(opts.Payload)
-	readKey := fmt.Sprintf("bench-read-%d", time.Now().UnixNano())
+	runID := time.Now().UnixNano()
+	readKey := fmt.Sprintf("bench-read-%d", runID)
+	// A put's key is the client's for the whole run (a put never waits for
+	// it), so that what PreparePut set up serves every phase.
+	putKey := func(client int) string { return fmt.Sprintf("bench-put-%d-%d", runID, client) }
 	// utxo-spend spends outputs each client created before; prep creates
 	// more, outside the measured latency, when a client has spent them all.
 	var (
@@ -241,7 +254,7 @@ func Run(ctx context.Context, d Driver, opts Options) (Result, error) {
 			if !ok {
 				return fmt.Errorf("bench: %s does not run %s", d.Name(), Put)
 			}
-			return pd.Put(ctx, client, fmt.Sprintf("bench-put-%d-%d", phase, client), payload)
+			return pd.Put(ctx, client, putKey(client), payload)
 		case UTXOSpend:
 			if pools == nil {
 				return fmt.Errorf("bench: %s does not run %s", d.Name(), UTXOSpend)
@@ -267,6 +280,11 @@ func Run(ctx context.Context, d Driver, opts Options) (Result, error) {
 			if err := rd.Seed(ctx, readKey, payload); err != nil {
 				return Result{}, fmt.Errorf("bench: write the key to read: %w", err)
 			}
+		}
+	}
+	if pp, ok := d.(PutPreparer); ok && opts.Workload == Put {
+		if err := forClients(opts.Clients, func(c int) error { return pp.PreparePut(ctx, c, putKey(c)) }); err != nil {
+			return Result{}, fmt.Errorf("bench: prepare the puts: %w", err)
 		}
 	}
 	if pools != nil {
@@ -304,6 +322,11 @@ func Run(ctx context.Context, d Driver, opts Options) (Result, error) {
 	start := time.Now()
 	samples, errs, first := loop(ctx, rctx, opts.Clients, limit, prep, op)
 	elapsed := time.Since(start)
+	if err := ctx.Err(); err != nil {
+		// Interrupted: the clients stopped before the measurement ended,
+		// and the operations cut short were dropped; no figure holds.
+		return Result{}, fmt.Errorf("bench: %s %s x%d interrupted: %w", d.Name(), opts.Workload, opts.Clients, err)
+	}
 	res := Result{System: d.Name(), Workload: opts.Workload, Clients: opts.Clients, Errors: errs, Elapsed: elapsed}
 	if first != nil {
 		res.FirstErr = first.Error()
@@ -313,6 +336,27 @@ func Run(ctx context.Context, d Driver, opts Options) (Result, error) {
 		end(&res)
 	}
 	return res, nil
+}
+
+// forClients runs f for every client concurrently and returns the first
+// error.
+func forClients(clients int, f func(client int) error) error {
+	errs := make([]error, clients)
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			errs[c] = f(c)
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // loop runs op on clients goroutines until stop ends or limit operations

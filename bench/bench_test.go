@@ -2,7 +2,9 @@ package bench
 
 import (
 	"bytes"
+	"context"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -58,5 +60,47 @@ func TestRunWithoutSamplesShowsNoLatency(t *testing.T) {
 	}
 	if line := strings.Split(b.String(), "\n")[1]; strings.Contains(line, "0.00ms") || !strings.Contains(line, " - ") {
 		t.Fatalf("a run without samples shows latencies: %q", line)
+	}
+}
+
+// cancelling is a driver whose lock cycles end the bench's context (an
+// interrupt) after a few operations.
+type cancelling struct {
+	fake
+	mu     sync.Mutex
+	ops    int
+	after  int
+	cancel context.CancelFunc
+}
+
+func (c *cancelling) LockCycle(ctx context.Context, _ int, _ string, _ []byte) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.ops++; c.ops == c.after {
+		c.cancel()
+	}
+	return ctx.Err()
+}
+
+// TestInterruptedRunIsNoResult interrupts the measured phase: the run is
+// not a figure (its throughput would be that of a cut-short run reported
+// as the whole --duration), and a comparison whose last run is interrupted
+// is an error, not a table.
+func TestInterruptedRunIsNoResult(t *testing.T) {
+	newDriver := func() (*cancelling, context.Context) {
+		ctx, cancel := context.WithCancel(context.Background())
+		t.Cleanup(cancel)
+		// The first operation and some of the measured ones complete.
+		return &cancelling{fake: fake{name: "a", log: &callLog{}}, after: 20, cancel: cancel}, ctx
+	}
+	d, ctx := newDriver()
+	res, err := Run(ctx, d, Options{Workload: Lock, Clients: 2, Duration: time.Minute})
+	if err == nil {
+		t.Fatalf("interrupted run: no error, result %d ops in %v (%.0f ops/s)", res.Ops, res.Elapsed, res.OpsPerSec)
+	}
+	d, ctx = newDriver()
+	c, err := Compare(ctx, []System{{Driver: d}}, []PlanRow{{Lock, 2}}, 1, Options{Duration: time.Minute}, nil)
+	if err == nil {
+		t.Fatalf("interrupted comparison: no error, rows %+v", c.Rows)
 	}
 }

@@ -218,6 +218,10 @@ func Compare(ctx context.Context, systems []System, plan []PlanRow, rounds int, 
 		o.Workload, o.Clients = row.Workload, row.Clients
 		o.Measure = meter(sys, o)
 		res, err := Run(ctx, sys.Driver, o)
+		if cerr := ctx.Err(); cerr != nil {
+			// Interrupted: what was measured so far is not a comparison.
+			return nil, cerr
+		}
 		if err != nil {
 			res = Result{System: sys.Driver.Name(), Workload: row.Workload, Clients: row.Clients, FirstErr: err.Error()}
 		}

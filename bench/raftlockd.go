@@ -147,25 +147,42 @@ func (r *Raftlockd) PublicRead(ctx context.Context, worker int, key string) erro
 // update is one replicated, acknowledged write; public readers see the last
 // one once Finish releases the lease.
 func (r *Raftlockd) Put(ctx context.Context, worker int, key string, payload []byte) error {
-	r.mu.Lock()
-	l := r.leases[key]
-	r.mu.Unlock()
-	if l == nil {
-		var err error
-		if l, err = r.c(worker).Acquire(ctx, wire.AcquireRequest{Key: key, Owner: "bench", TTLSeconds: 600}); err != nil {
-			return fmt.Errorf("acquire: %w", err)
-		}
-		r.mu.Lock()
-		if r.leases == nil {
-			r.leases = map[string]*client.Lease{}
-		}
-		r.leases[key] = l
-		r.mu.Unlock()
+	l, err := r.putLease(ctx, worker, key)
+	if err != nil {
+		return err
 	}
 	if _, err := l.Update(ctx, payload, client.Conditions{}); err != nil {
 		return fmt.Errorf("update: %w", err)
 	}
 	return nil
+}
+
+// PreparePut implements PutPreparer: it takes the lease Put updates key
+// under, before the run measures anything.
+func (r *Raftlockd) PreparePut(ctx context.Context, worker int, key string) error {
+	_, err := r.putLease(ctx, worker, key)
+	return err
+}
+
+// putLease returns the lease Put holds on key, acquiring it the first time.
+func (r *Raftlockd) putLease(ctx context.Context, worker int, key string) (*client.Lease, error) {
+	r.mu.Lock()
+	l := r.leases[key]
+	r.mu.Unlock()
+	if l != nil {
+		return l, nil
+	}
+	l, err := r.c(worker).Acquire(ctx, wire.AcquireRequest{Key: key, Owner: "bench", TTLSeconds: 600})
+	if err != nil {
+		return nil, fmt.Errorf("acquire: %w", err)
+	}
+	r.mu.Lock()
+	if r.leases == nil {
+		r.leases = map[string]*client.Lease{}
+	}
+	r.leases[key] = l
+	r.mu.Unlock()
+	return l, nil
 }
 
 // Finish implements Finisher: it releases (commits) the leases Put holds.

@@ -3,10 +3,13 @@ package bench
 import (
 	"context"
 	"errors"
+	"net/http"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/raftlockd/raftlockd/auth"
 	"github.com/raftlockd/raftlockd/client"
 	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/internal/testutil"
@@ -117,6 +120,51 @@ func TestRaftlockdUTXOWorkloads(t *testing.T) {
 		}
 		if tx.TotalOutputs != 2 || tx.SpentOutputs != 0 || tx.Outputs[0].UTXOHash != hashes[0] || tx.Outputs[1].UTXOHash != hashes[1] {
 			t.Fatalf("created %s: %+v", txid, tx)
+		}
+	}
+}
+
+// countingTransport counts the acquires sent while counting is on.
+type countingTransport struct {
+	base     http.RoundTripper
+	counting atomic.Bool
+	acquires atomic.Int64
+}
+
+func (c *countingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if c.counting.Load() && req.URL.Path == "/v1/acquire" {
+		c.acquires.Add(1)
+	}
+	return c.base.RoundTrip(req)
+}
+
+// TestRaftlockdPutAcquiresOutsideTheMeasurement: put measures one update
+// under a lease the client holds for the run; taking the lease is not
+// part of any measured operation.
+func TestRaftlockdPutAcquiresOutsideTheMeasurement(t *testing.T) {
+	srv := testutil.StartServer(t, testutil.Config(t, t.TempDir()))
+	tr := &countingTransport{base: &http.Transport{TLSClientConfig: auth.ClientConfig(testutil.ClientBundle(t))}}
+	c, err := client.New(srv.URL(), client.WithHTTPClient(&http.Client{Transport: tr}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, warmup := range []time.Duration{0, 100 * time.Millisecond} {
+		tr.acquires.Store(0)
+		res, err := Run(ctx, &Raftlockd{Clients: []*client.Client{c}}, Options{Workload: Put, Clients: 3, Ops: 30, Warmup: warmup,
+			Measure: func(context.Context) func(*Result) {
+				tr.counting.Store(true)
+				return func(*Result) { tr.counting.Store(false) }
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Ops != 30 || res.Errors != 0 {
+			t.Fatalf("warm-up %v: %d ops, %d errors (%s)", warmup, res.Ops, res.Errors, res.FirstErr)
+		}
+		if n := tr.acquires.Load(); n != 0 {
+			t.Errorf("warm-up %v: %d of the 30 measured puts acquired their lease: their latency is two replicated writes", warmup, n)
 		}
 	}
 }

@@ -104,7 +104,7 @@ transactions (the servers keep them 10 blocks and prune every 100 ms).`,
 	f.IntVar(&bf.spawn, "spawn", 0, "start this many server processes forming one cluster and measure them")
 	f.StringVar(&bf.dir, "dir", "", "with --spawn: where the clusters' temporary data directory is made (default: the system's temporary directory)")
 	f.DurationVar(&bf.raftTimeout, "raft-timeout", 200*time.Millisecond, "Raft heartbeat and election timeout of spawned servers")
-	f.IntVar(&bf.failoverRounds, "failover-rounds", 0, "with --spawn: kill the leader this many times and time the recovery (with --peer: of both)")
+	f.IntVar(&bf.failoverRounds, "failover-rounds", 0, "with --spawn 3 or more: kill the leader this many times and time the recovery (with --peer: of both)")
 	f.BoolVar(&bf.embedded, "embedded", false, "start a temporary single-node server and measure it")
 	f.IntVar(&bf.islands, "islands", 1, "with --embedded: start this many single-node islands (2: xa-commit puts its second key on the other island)")
 	f.StringVar(&bf.second, "second-island", "", "server URL(s) of another island, comma-separated: xa-commit puts its second key there")
@@ -200,6 +200,17 @@ func runBench(cmd *cobra.Command, bf *benchFlags) (err error) {
 		return fmt.Errorf("--server-profile needs --spawn")
 	case bf.rounds < 1:
 		return fmt.Errorf("--rounds: must be positive")
+	// Flags that would otherwise be ignored, or apply to what is not measured.
+	case bf.spawn > 0 && bf.embedded:
+		return fmt.Errorf("--spawn and --embedded: measure one or the other")
+	case bf.failoverRounds > 0 && bf.spawn < 3:
+		return fmt.Errorf("--failover-rounds needs --spawn 3 or more: killing the leader must leave a majority to elect another")
+	case bf.islands > 1 && !bf.embedded:
+		return fmt.Errorf("--islands needs --embedded (with other servers: --second-island)")
+	case bf.goalsOut != "" && bf.peer == "":
+		return fmt.Errorf("--goals-out needs --peer etcd: the goals compare raftlockd with etcd")
+	case bf.blocks != "" && bf.peer != "":
+		return fmt.Errorf("--blocks measures raftlockd alone: drop --peer")
 	}
 	if bf.peer == "etcd" {
 		for _, r := range plan {

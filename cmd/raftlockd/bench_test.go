@@ -198,3 +198,32 @@ func TestBenchInterruptedCleansUp(t *testing.T) {
 		})
 	}
 }
+
+// TestBenchRefusesFlagsItWouldIgnore: a flag that would not take effect,
+// or would describe another system than the one measured, is refused
+// before anything starts.
+func TestBenchRefusesFlagsItWouldIgnore(t *testing.T) {
+	short := []string{"--runs", "lock=1", "--ops", "1", "--warmup", "0s"}
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		// Ignored: no cluster to kill the leader of.
+		{[]string{"--embedded", "--failover-rounds", "1"}, "--failover-rounds needs --spawn 3"},
+		// The embedded server is measured, the spawned cluster's CPU reported and its leader killed.
+		{[]string{"--spawn", "1", "--embedded"}, "--spawn and --embedded"},
+		{[]string{"--spawn", "1", "--islands", "2"}, "--islands needs --embedded"},
+		{[]string{"--embedded", "--goals-out", filepath.Join(t.TempDir(), "missed.txt")}, "--goals-out needs --peer"},
+		// etcd is never started.
+		{[]string{"--spawn", "1", "--peer", "etcd", "--blocks", "10x1"}, "--blocks measures raftlockd alone"},
+		// The only node, or one of two, killed: no write is ever acknowledged (a 30s wait, then an
+		// error).
+		{[]string{"--spawn", "1", "--failover-rounds", "1"}, "--failover-rounds needs --spawn 3"},
+	} {
+		args := append(append([]string{"bench"}, c.args...), short...)
+		res := cli(t, nil, "", args...)
+		if res.code == 0 || !strings.Contains(res.stderr, c.want) {
+			t.Errorf("%s: exit %d, want an error %q\nstdout: %s\nstderr: %s", strings.Join(args, " "), res.code, c.want, res.stdout, res.stderr)
+		}
+	}
+}
