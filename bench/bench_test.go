@@ -3,10 +3,18 @@ package bench
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os/exec"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/raftlockd/raftlockd/auth"
 )
 
 func TestSummarizePercentiles(t *testing.T) {
@@ -102,5 +110,42 @@ func TestInterruptedRunIsNoResult(t *testing.T) {
 	c, err := Compare(ctx, []System{{Driver: d}}, []PlanRow{{Lock, 2}}, 1, Options{Duration: time.Minute}, nil)
 	if err == nil {
 		t.Fatalf("interrupted comparison: no error, rows %+v", c.Rows)
+	}
+}
+
+// TestLeaderIsNoneWhileTwoNodesClaimIt: a failover round must not kill a
+// deposed leader that still reports leading (its kill would time nothing).
+func TestLeaderIsNoneWhileTwoNodesClaimIt(t *testing.T) {
+	ca, err := auth.NewCA(auth.IssueOptions{Name: "bench test CA"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srvBundle, err := ca.Issue(auth.RoleServer, auth.IssueOptions{Name: "node", Hosts: []string{"127.0.0.1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cliBundle, err := ca.Issue(auth.RoleClient, auth.IssueOptions{Name: "bench", Perms: []auth.Perm{{Namespace: "*", Write: true}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var leads [3]atomic.Bool
+	leads[1].Store(true)
+	leads[2].Store(true)
+	c := &Cluster{Client: cliBundle}
+	for i := range leads {
+		srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			fmt.Fprintf(w, "raftlockd_raft_is_leader %d\n", map[bool]int{false: 0, true: 1}[leads[i].Load()])
+		}))
+		srv.TLS = &tls.Config{Certificates: []tls.Certificate{srvBundle.TLSCertificate()}}
+		srv.StartTLS()
+		defer srv.Close()
+		c.Nodes = append(c.Nodes, &Proc{Name: fmt.Sprint(i), API: srv.URL, cmd: &exec.Cmd{}})
+	}
+	if got := c.Leader(); got != -1 {
+		t.Fatalf("two nodes claim to lead: Leader() = %d, want -1", got)
+	}
+	leads[1].Store(false)
+	if got := c.Leader(); got != 2 {
+		t.Fatalf("node 2 alone leads: Leader() = %d, want 2", got)
 	}
 }
