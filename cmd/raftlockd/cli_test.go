@@ -1181,3 +1181,45 @@ func TestADeprecatedNamesVariableDoesNotOverrideTheSetting(t *testing.T) {
 		}
 	}
 }
+
+// The README: "update, remove, keepalive and release of another key ask
+// for its --lease". Given that lease, a command for another key of the
+// shell's transaction does not present the fencing token in the
+// environment, which is the token of the key held there (and a keepalive,
+// which needs a token, asks for the other key's).
+func TestCLIAnotherKeysLeaseIsNotPresentedWithTheShellsToken(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	// a's first lease: the shell's lease on a gets token 2, b's gets 1.
+	first := parseExports(t, mustCLI(t, srv.clientEnv(), "", "client", "acquire", "--key", "a"))
+	mustCLI(t, srv.clientEnv(envList(first)...), "", "client", "release")
+	out := bash(t, srv.clientEnv(), `
+eval "$(raftlockd client acquire --key a)"
+A_LEASE=$RAFTLOCKD_CLIENT_LEASE A_TOKEN=$RAFTLOCKD_CLIENT_FENCING_TOKEN
+echo "A_TOKEN=$A_TOKEN"
+eval "$(raftlockd client acquire --key b)"
+echo "B_TOKEN=$RAFTLOCKD_CLIENT_FENCING_TOKEN"
+echo '{"b":1}' | raftlockd client update >/dev/null
+echo '{"a":2}' | raftlockd client update --key a --lease "$A_LEASE" >/dev/null
+echo "A_HOLDER=$(raftlockd client get --key a --lease "$A_LEASE")"
+echo "KEEPALIVE=$(raftlockd client keepalive --key a --lease "$A_LEASE" 2>&1 && echo succeeded)"
+echo "KEEPALIVE_OUT=$(raftlockd client keepalive --key a --lease "$A_LEASE" --fencing-token "$A_TOKEN")"
+eval "$(raftlockd client release --key a --lease "$A_LEASE")"
+echo "A_AFTER=$(raftlockd client get --key a)"
+echo "B_AFTER=$(raftlockd client get --key b)"
+`)
+	v := parseLines(out)
+	if v["A_TOKEN"] != "2" || v["B_TOKEN"] != "1" {
+		t.Fatalf("fencing tokens a %q, b %q: want 2 and 1", v["A_TOKEN"], v["B_TOKEN"])
+	}
+	wantJSON(t, "a's holder view", v["A_HOLDER"], `{"a":2}`)
+	// a's expiry is not that of the shell's lease (b's).
+	wantEmpty(t, "keepalive of a, not the shell's key", v["KEEPALIVE_OUT"])
+	// A keepalive needs the token (the server requires one): it asks for
+	// a's rather than send b's.
+	if want := `no fencing token named for key "a": RAFTLOCKD_CLIENT_FENCING_TOKEN is the token of "b"; pass --fencing-token`; !strings.Contains(v["KEEPALIVE"], want) {
+		t.Errorf("keepalive of a without its token: %q, want %q", v["KEEPALIVE"], want)
+	}
+	wantJSON(t, "a after the release", v["A_AFTER"], `{"a":2}`)
+	wantJSON(t, "b after the release", v["B_AFTER"], `{"b":1}`)
+}

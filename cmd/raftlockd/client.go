@@ -45,6 +45,8 @@ type leaseFlags struct {
 	queueState bool
 	queueNS    string // the sidecar's namespace, with queueState
 	otherKey   string // the key of the lease in the environment, when --key names another
+	tokenOf    string // the key RAFTLOCKD_CLIENT_FENCING_TOKEN is the token of, when it was not presented
+	flags      *pflag.FlagSet
 }
 
 // registerQueueState adds --queue-state, for the commands that read and
@@ -56,14 +58,22 @@ func (l *leaseFlags) registerQueueState(cmd *cobra.Command) {
 
 // resolve fills the lease from the sidecar variables with --queue-state.
 // Without it, a lease that came from the environment (acquire's exports)
-// is dropped when --key names another key than the one it holds there.
+// is dropped when --key names another key than the one it holds there,
+// and so is its fencing token (RAFTLOCKD_CLIENT_FENCING_TOKEN) when --lease
+// names the other key's lease: a token is one key's. The transaction stays
+// (another key of the shell's transaction is its to update and release).
 func (l *leaseFlags) resolve() error {
 	if !l.queueState {
 		envKey, envLease := os.Getenv(clientEnv+"KEY"), os.Getenv(clientEnv+"LEASE")
-		if envKey != "" && envLease != "" && l.key != envKey && l.lease == envLease {
-			l.otherKey, l.lease, l.fencing = envKey, "", 0
-			if l.txnID == os.Getenv(clientEnv+"TXN_ID") {
-				l.txnID = ""
+		if envKey != "" && envLease != "" && l.key != envKey {
+			if l.lease == envLease {
+				l.otherKey, l.lease, l.fencing = envKey, "", 0
+				if l.txnID == os.Getenv(clientEnv+"TXN_ID") {
+					l.txnID = ""
+				}
+			}
+			if fromEnv(l.flags, "fencing-token") {
+				l.fencing, l.tokenOf = 0, envKey
 			}
 		}
 		return nil
@@ -86,6 +96,7 @@ func (l *leaseFlags) resolve() error {
 }
 
 func (l *leaseFlags) register(cmd *cobra.Command, withLease bool) {
+	l.flags = cmd.Flags()
 	cmd.Flags().StringVar(&l.key, "key", "", "key")
 	if withLease {
 		cmd.Flags().StringVar(&l.lease, "lease", "", "lease id (from acquire)")
@@ -320,15 +331,21 @@ func newKeepAliveCmd(opts *clientOpts) *cobra.Command {
 			if err := l.require(); err != nil {
 				return err
 			}
+			if l.fencing == 0 && l.tokenOf != "" {
+				// The server requires the token of a keepalive.
+				return fmt.Errorf("no fencing token named for key %q: %sFENCING_TOKEN is the token of %q; pass --fencing-token",
+					l.key, clientEnv, l.tokenOf)
+			}
 			c, ctx, cancel, err := opts.open(cmd)
 			defer cancel()
 			if err != nil {
 				return err
 			}
 			out, err := c.KeepAlive(ctx, l.ref(opts.namespace), time.Duration(ttl)*time.Second)
-			if err != nil || l.queueState {
-				// The sidecar's expiry is not the key lease's of this
-				// shell (RAFTLOCKD_CLIENT_EXPIRES_AT): nothing to export.
+			if envKey := os.Getenv(clientEnv + "KEY"); err != nil || l.queueState || envKey != "" && l.key != envKey {
+				// The sidecar's expiry, or another key's, is not the key
+				// lease's of this shell (RAFTLOCKD_CLIENT_EXPIRES_AT):
+				// nothing to export.
 				return err
 			}
 			printExports(cmd.OutOrStdout(), clientEnv, [][2]string{{"EXPIRES_AT", strconv.FormatInt(out.ExpiresAt, 10)}})
@@ -485,7 +502,9 @@ leases are released. It prints an unset line for the lease variables, so that
 
     eval "$(raftlockd client release)"
 
-also ends the transaction in the shell and the next acquire starts a new one.
+also ends the transaction in the shell and the next acquire starts a new one
+(a lease of another transaction than RAFTLOCKD_CLIENT_TXN_ID, released with
+--txn-id, leaves the shell's lease and its variables alone).
 A release refused because the transaction is over already (txn_rolled_back:
 a lease of it expired, so it can only roll back; txn_committed) exits
 non-zero with the error on stderr and prints the unset line all the same.`,
@@ -500,7 +519,10 @@ non-zero with the error on stderr and prints the unset line all the same.`,
 				return err
 			}
 			_, err = c.Release(ctx, l.ref(opts.namespace), rollback)
-			if txnOver(err) {
+			// Only the shell's transaction is over when it was the one
+			// named: a lease of another, released by flags, leaves the
+			// shell's lease held, and its variables set.
+			if shellTxn := os.Getenv(clientEnv + "TXN_ID"); txnOver(err) && (shellTxn == "" || shellTxn == l.txnID) {
 				printUnset(cmd.OutOrStdout(), clientEnv, leaseVars)
 			}
 			return err

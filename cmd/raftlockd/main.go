@@ -113,6 +113,18 @@ func envName(prefix, flag string) string {
 // for it when that is not the one its command's prefix gives.
 const envAnnotation = "raftlockd_env"
 
+// envSetAnnotation marks, on a flag, that its value came from its
+// environment variable rather than from the command line (bindEnv sets it
+// through the flag set, which counts it as changed all the same).
+const envSetAnnotation = "raftlockd_env_set"
+
+// fromEnv reports whether the flag name of fs took its value from its
+// environment variable.
+func fromEnv(fs *pflag.FlagSet, name string) bool {
+	f := fs.Lookup(name)
+	return f != nil && len(f.Annotations[envSetAnnotation]) > 0
+}
+
 // flagEnv is the environment variable of flag f under prefix.
 func flagEnv(prefix string, f *pflag.Flag) string {
 	if v := f.Annotations[envAnnotation]; len(v) == 1 {
@@ -209,7 +221,9 @@ func bindEnvSkipping(cmd *cobra.Command, prefix string, skip func(name string) b
 			}
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s: %w", flagEnv(prefix, f), err))
+				return
 			}
+			_ = c.Flags().SetAnnotation(f.Name, envSetAnnotation, []string{flagEnv(prefix, f)})
 		})
 		if err := errors.Join(errs...); err != nil {
 			return err

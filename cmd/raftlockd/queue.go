@@ -98,15 +98,19 @@ func (d *deliveryFlags) require() error {
 
 // end prints the unset line for the delivery variables and, when they
 // name the delivery d that ended, removes the temporary files dequeue wrote
-// for it (RAFTLOCKD_QUEUE_TEMP_FILES; never a --payload-file). A delivery
-// enlisted in the shell's transaction (RAFTLOCKD_CLIENT_TXN_ID) ended with
-// that transaction, so the lease variables are unset too, as release does.
+// for it (RAFTLOCKD_QUEUE_TEMP_FILES; never a --payload-file). Variables
+// naming another delivery, which the shell still holds, are left set. A
+// delivery enlisted in the shell's transaction (RAFTLOCKD_CLIENT_TXN_ID)
+// ended with that transaction, so the lease variables are unset too, as
+// release does.
 func (d *deliveryFlags) end(w io.Writer) {
 	named := os.Getenv(queueEnv+"MESSAGE_ID") == d.id && os.Getenv(queueEnv+"LEASE") == d.lease
 	if named {
 		removeFiles(filepath.SplitList(os.Getenv(queueEnv + "TEMP_FILES")))
 	}
-	printUnset(w, queueEnv, deliveryVars)
+	if named || os.Getenv(queueEnv+"MESSAGE_ID") == "" {
+		printUnset(w, queueEnv, deliveryVars)
+	}
 	if txn := os.Getenv(queueEnv + "TXN_ID"); named && txn != "" && txn == os.Getenv(clientEnv+"TXN_ID") {
 		printUnset(w, clientEnv, leaseVars)
 	}
@@ -294,8 +298,8 @@ func newAckCmd(opts *clientOpts) *cobra.Command {
 		Long: `Acknowledge the delivery named by the flags or by the RAFTLOCKD_QUEUE_*
 variables dequeue exported. A delivery enlisted in a transaction is
 acknowledged by committing that transaction. Prints an unset line for the
-delivery variables, so that eval "$(raftlockd client queue ack)" clears them,
-and, when the delivery was enlisted in the shell's transaction
+delivery variables, so that eval "$(raftlockd client queue ack)" clears them
+(unless they name another delivery than the flags do), and, when the delivery was enlisted in the shell's transaction
 (RAFTLOCKD_CLIENT_TXN_ID), one for the lease variables, as release does. An
 ack refused because that transaction can only roll back (txn_rolled_back)
 exits non-zero and prints the unset lines all the same.`,
@@ -333,7 +337,7 @@ func newNackCmd(opts *clientOpts) *cobra.Command {
 allowed one moves it to the dead-letter queue <queue>.dlq; --defer hands it
 back without counting. A delivery enlisted in a transaction is handed back
 by rolling that transaction back. Prints an unset line for the delivery
-variables and, when the delivery was enlisted in the shell's transaction
+variables (unless they name another delivery than the flags do) and, when the delivery was enlisted in the shell's transaction
 (RAFTLOCKD_CLIENT_TXN_ID), one for the lease variables, as release does.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {

@@ -176,3 +176,39 @@ eval "$(raftlockd client release)"
 			v["FIRST_STATE"], v["SECOND_STATE"])
 	}
 }
+
+// eval of a release, an ack or a nack that ended what the flags named, in
+// a shell holding another lease or delivery in its variables, leaves
+// those variables alone: the shell still holds that lease or delivery,
+// which it could otherwise neither release nor acknowledge.
+func TestCLIEndingWhatTheFlagsNameKeepsTheShellsOwn(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	out := bash(t, srv.clientEnv("TMPDIR="+t.TempDir()), `
+for p in a b; do printf "$p" | raftlockd client queue enqueue --queue jobs >/dev/null; done
+eval "$(raftlockd client acquire --key mine)"
+echo '{"mine":1}' | raftlockd client update >/dev/null
+other=$(env -u RAFTLOCKD_CLIENT_TXN_ID raftlockd client acquire --key theirs)
+OTHER_LEASE=$(eval "$other"; echo "$RAFTLOCKD_CLIENT_LEASE") OTHER_TXN=$(eval "$other"; echo "$RAFTLOCKD_CLIENT_TXN_ID")
+eval "$(raftlockd client release --key theirs --lease "$OTHER_LEASE" --txn-id "$OTHER_TXN")"
+echo "LEASE_KEPT=$([ -n "${RAFTLOCKD_CLIENT_LEASE:-}" ] && [ -n "${RAFTLOCKD_CLIENT_TXN_ID:-}" ] && echo yes)"
+eval "$(raftlockd client release)"
+echo "MINE=$(raftlockd client get --key mine)"
+
+eval "$(raftlockd client queue dequeue --queue jobs --wait -1)"
+FIRST_ID=$RAFTLOCKD_QUEUE_MESSAGE_ID FIRST_LEASE=$RAFTLOCKD_QUEUE_LEASE
+eval "$(raftlockd client queue dequeue --queue jobs --wait -1)"
+SECOND_ID=$RAFTLOCKD_QUEUE_MESSAGE_ID
+eval "$(raftlockd client queue ack --message-id "$FIRST_ID" --lease "$FIRST_LEASE")"
+echo "DELIVERY_KEPT=$([ "${RAFTLOCKD_QUEUE_MESSAGE_ID:-}" = "$SECOND_ID" ] && echo yes)"
+eval "$(raftlockd client queue ack)"
+echo "CLEARED=${RAFTLOCKD_QUEUE_MESSAGE_ID:-none}"
+`)
+	v := parseLines(out)
+	for name, want := range map[string]string{"LEASE_KEPT": "yes", "DELIVERY_KEPT": "yes", "CLEARED": "none"} {
+		if v[name] != want {
+			t.Errorf("%s = %q, want %q (output:\n%s)", name, v[name], want, out)
+		}
+	}
+	wantJSON(t, "the shell's key after its own release", v["MINE"], `{"mine":1}`)
+}

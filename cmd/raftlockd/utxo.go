@@ -86,7 +86,7 @@ func utxoCmd[Req, Resp any](opts *clientOpts, use, short string,
 		Args: cobra.MaximumNArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			if len(args) == 1 {
-				if cmd.Flags().Changed("file") && args[0] != file {
+				if cmd.Flags().Changed("file") && !fromEnv(cmd.Flags(), "file") && args[0] != file {
 					return fmt.Errorf("the request is read from %s or from --file %s, not both", args[0], file)
 				}
 				file = args[0]

@@ -78,6 +78,12 @@ func TestCLIUTXO(t *testing.T) {
 	if msg := refused("", "spend", spendFile, "--file", "other.json"); !strings.Contains(msg, "not both") {
 		t.Fatalf("spend naming two files: %q", msg)
 	}
+	// RAFTLOCKD_CLIENT_FILE is not the command line: the argument wins, as
+	// a flag does over its variable.
+	if err := json.Unmarshal([]byte(mustCLI(t, append(slices.Clone(env), clientEnv+"FILE="+filepath.Join(t.TempDir(), "other.json")), "",
+		"client", "utxo", "spend", spendFile)), &spent); err != nil || spent.Spent != 1 {
+		t.Fatalf("spend with the file as its argument and RAFTLOCKD_CLIENT_FILE set: %+v, %v", spent, err)
+	}
 	tx = get("--stale")
 	out := tx.Outputs[0]
 	if out.SpendingTxID != child || out.Vin == nil || *out.Vin != 2 || out.SpendingData != child+"02000000" || tx.SpentOutputs != 1 {
