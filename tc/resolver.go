@@ -2,6 +2,7 @@ package tc
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"sync"
 	"time"
@@ -78,30 +79,41 @@ type retry struct {
 	delay time.Duration
 }
 
+// work is what one leader's resolver has going: the backoff of the work
+// that failed and the work in flight. Jobs run in goroutines of their own
+// and settle their outcome here when they end, so that an island that
+// does not answer holds up only the work it is part of, not the rounds
+// after it.
+type work struct {
+	mu      sync.Mutex
+	backoff map[string]retry
+	busy    map[string]bool
+	wg      sync.WaitGroup
+}
+
+// maxInFlight bounds the jobs running at once.
+const maxInFlight = 256
+
 func (r *Resolver) run(ctx context.Context) {
-	backoff := map[string]retry{}
+	w := &work{backoff: map[string]retry{}, busy: map[string]bool{}}
+	defer w.wg.Wait() // the jobs end with ctx
 	var lastRegistry time.Time
 	syncEvery := r.registry
 	var failed time.Duration // the pause after the last failed sync; 0 after a success
+	synced := make(chan error, 1)
+	syncing := false
 	for {
 		now := r.c.clock.Now()
 		// A sync that is due anyway also serves what the island learned.
-		if learned := r.c.learned.Swap(false); learned || now.Sub(lastRegistry) >= syncEvery {
-			// A failed sync is tried again after a growing pause (up to
-			// the interval), not every round: an island that does not
-			// answer would hold up each round by the fan-out timeout.
-			lastRegistry = now
-			switch err := r.c.SyncRegistry(ctx); {
-			case err == nil:
-				syncEvery, failed = r.registry, 0
-			case ctx.Err() == nil:
-				failed = min(max(2*failed, time.Second), r.registry)
-				syncEvery = failed
-				r.c.cfg.Logger.Warn("registering this island with the others failed; trying again later",
-					"retry_in", syncEvery, "error", err)
+		// It runs beside the rounds: an island that does not answer
+		// would hold each of them up by the fan-out timeout.
+		if !syncing {
+			if learned := r.c.learned.Swap(false); learned || now.Sub(lastRegistry) >= syncEvery {
+				lastRegistry, syncing = now, true
+				w.wg.Go(func() { synced <- r.c.SyncRegistry(ctx) })
 			}
 		}
-		next := r.round(ctx, backoff)
+		next := r.launch(ctx, w)
 		if ctx.Err() != nil {
 			return
 		}
@@ -116,6 +128,19 @@ func (r *Resolver) run(ctx context.Context) {
 		select {
 		case <-t.C:
 		case <-r.kick:
+		case err := <-synced:
+			// A failed sync is tried again after a growing pause (up to
+			// the interval), not every round.
+			syncing = false
+			switch {
+			case err == nil:
+				syncEvery, failed = r.registry, 0
+			case ctx.Err() == nil:
+				failed = min(max(2*failed, time.Second), r.registry)
+				syncEvery = failed
+				r.c.cfg.Logger.Warn("registering this island with the others failed; trying again later",
+					"retry_in", syncEvery, "error", err)
+			}
 		case <-ctx.Done():
 			t.Stop()
 			return
@@ -124,10 +149,25 @@ func (r *Resolver) run(ctx context.Context) {
 	}
 }
 
-// round does the work that is due and returns when the next is (zero:
-// nothing scheduled). Work that is backing off is passed over, so that it
-// never holds up what comes after it.
+// round does the work that is due, waits for it to end and returns when
+// the next is (zero: nothing scheduled).
 func (r *Resolver) round(ctx context.Context, backoff map[string]retry) (next time.Time) {
+	w := &work{backoff: backoff, busy: map[string]bool{}}
+	next = r.launch(ctx, w)
+	w.wg.Wait()
+	for _, b := range backoff {
+		if next.IsZero() || b.at.Before(next) {
+			next = b.at
+		}
+	}
+	return next
+}
+
+// launch starts the work that is due and neither backing off nor in
+// flight, and returns when the next is (zero: nothing scheduled). Work
+// that is backing off is passed over, so that it never holds up what comes
+// after it.
+func (r *Resolver) launch(ctx context.Context, w *work) (next time.Time) {
 	const batch, scan = 64, 10000
 	now := r.c.clock.Now()
 	plan := func(t time.Time) {
@@ -135,39 +175,46 @@ func (r *Resolver) round(ctx context.Context, backoff map[string]retry) (next ti
 			next = t
 		}
 	}
-	// pick collects due work that is not backing off, and no decision a
-	// request is fanning out (if that fails, a later round replays it): a
-	// batch of such decisions would otherwise leave the round with nothing
-	// to do and the work after them unreached.
+	w.mu.Lock()
+	backoff, busy := maps.Clone(w.backoff), maps.Clone(w.busy)
+	w.mu.Unlock()
+	room := maxInFlight - len(busy)
+	// pick collects due work that is not backing off or in flight, and no
+	// decision a request is fanning out (if that fails, a later round
+	// replays it): a batch of such decisions would otherwise leave the
+	// round with nothing to do and the work after them unreached.
 	pick := func(kind string, out *[]string) func(id string) bool {
 		seen := 0
 		return func(id string) bool {
 			seen++
-			_, busy := r.c.fanning.Load(id)
+			_, fanning := r.c.fanning.Load(id)
 			switch b, ok := backoff[kind+id]; {
-			case kind == "fanout/" && busy:
+			case kind == "fanout/" && fanning, busy[kind+id]:
 			case ok && now.Before(b.at):
 				plan(b.at)
 			default:
 				*out = append(*out, id)
 			}
-			return len(*out) < batch && seen < scan
+			return len(*out) < min(batch, room/2) && seen < scan
 		}
 	}
 	var fan, doubt []string
 	var nextDoubt int64
 	var hasDoubt bool
-	err := r.c.store.Read(ctx, func(v *fsm.View) error {
-		v.FanoutEach(pick("fanout/", &fan))
-		v.DoubtEach(now.UnixMilli(), pick("doubt/", &doubt))
-		nextDoubt, hasDoubt = v.NextDoubt()
-		return nil
-	})
-	if err != nil {
-		return now.Add(r.interval)
+	if room >= 2 {
+		err := r.c.store.Read(ctx, func(v *fsm.View) error {
+			v.FanoutEach(pick("fanout/", &fan))
+			v.DoubtEach(now.UnixMilli(), pick("doubt/", &doubt))
+			nextDoubt, hasDoubt = v.NextDoubt()
+			return nil
+		})
+		if err != nil {
+			return now.Add(r.interval)
+		}
 	}
-	// The work runs at once, so that an island that does not answer holds
-	// up only the work it is part of; the backoff is settled afterwards.
+	// Each job runs at once and on its own: an island that does not
+	// answer holds up only the work it is part of; its backoff is settled
+	// when it ends.
 	type job struct {
 		key string
 		do  func() error
@@ -195,25 +242,14 @@ func (r *Resolver) round(ctx context.Context, backoff map[string]retry) (next ti
 			return err
 		}})
 	}
-	errs := make([]error, len(jobs))
-	var wg sync.WaitGroup
-	for i, j := range jobs {
-		wg.Go(func() { errs[i] = j.do() })
-	}
-	wg.Wait()
-	for i, j := range jobs {
-		if errs[i] == nil {
-			delete(backoff, j.key)
-			continue
-		}
-		b := backoff[j.key]
-		b.delay = min(max(b.delay*2, r.c.cfg.FanoutBaseDelay), time.Minute)
-		b.at = r.c.clock.Now().Add(b.delay)
-		backoff[j.key] = b
-		plan(b.at)
-		if ctx.Err() == nil {
-			r.c.cfg.Logger.Warn("transaction not finished yet; retrying", "work", j.key, "retry_in", b.delay, "error", errs[i])
-		}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, j := range jobs {
+		w.busy[j.key] = true
+		w.wg.Go(func() {
+			err := j.do()
+			r.settle(ctx, w, j.key, err)
+		})
 	}
 	if hasDoubt && nextDoubt > now.UnixMilli() {
 		plan(time.UnixMilli(nextDoubt))
@@ -222,12 +258,33 @@ func (r *Resolver) round(ctx context.Context, backoff map[string]retry) (next ti
 		plan(now) // more is due right away
 	}
 	// Forget the backoff of work that is long gone.
-	for key, b := range backoff {
-		if now.Sub(b.at) > 2*time.Minute {
-			delete(backoff, key)
+	for key, b := range w.backoff {
+		if !w.busy[key] && now.Sub(b.at) > 2*time.Minute {
+			delete(w.backoff, key)
 		}
 	}
 	return next
+}
+
+// settle records how a job ended: work that failed is tried again after a
+// growing pause, which the loop is woken to plan.
+func (r *Resolver) settle(ctx context.Context, w *work, key string, err error) {
+	w.mu.Lock()
+	delete(w.busy, key)
+	if err == nil {
+		delete(w.backoff, key)
+		w.mu.Unlock()
+		return
+	}
+	b := w.backoff[key]
+	b.delay = min(max(b.delay*2, r.c.cfg.FanoutBaseDelay), time.Minute)
+	b.at = r.c.clock.Now().Add(b.delay)
+	w.backoff[key] = b
+	w.mu.Unlock()
+	r.Kick()
+	if ctx.Err() == nil {
+		r.c.cfg.Logger.Warn("transaction not finished yet; retrying", "work", key, "retry_in", b.delay, "error", err)
+	}
 }
 
 // Register records a registration (or removal) of an RM endpoint of
