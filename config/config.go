@@ -206,8 +206,10 @@ func (s *Server) Validate() error {
 			errs = append(errs, fmt.Errorf("%s %q: %w", name, addr, err))
 		}
 	}
-	if s.DefaultTTL <= 0 || s.MaxTTL < time.Second || s.DefaultTTL > s.MaxTTL {
-		errs = append(errs, fmt.Errorf("need 0 < default-ttl (%s) <= max-ttl (%s), max-ttl >= 1s", s.DefaultTTL, s.MaxTTL))
+	// Leases are replicated in milliseconds: a shorter default would be
+	// none, and every acquire naming no TTL a malformed command.
+	if s.DefaultTTL < time.Millisecond || s.MaxTTL < time.Second || s.DefaultTTL > s.MaxTTL {
+		errs = append(errs, fmt.Errorf("need 1ms <= default-ttl (%s) <= max-ttl (%s), max-ttl >= 1s", s.DefaultTTL, s.MaxTTL))
 	}
 	if s.AcquireBlock < 0 {
 		errs = append(errs, errors.New("acquire-block must not be negative"))

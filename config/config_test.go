@@ -141,3 +141,20 @@ func TestPeersOverHTTPSWithMTLS(t *testing.T) {
 		t.Fatalf("https peers: %v", err)
 	}
 }
+
+// Leases are replicated in milliseconds: a default TTL that rounds down to
+// none would make every acquire that names no TTL a malformed command.
+func TestDefaultTTLOfLessThanAMillisecondIsRefused(t *testing.T) {
+	for _, d := range []time.Duration{time.Microsecond, 999 * time.Microsecond} {
+		s := Default()
+		s.DefaultTTL = d
+		if err := s.Validate(); err == nil || !strings.Contains(err.Error(), "default-ttl") {
+			t.Errorf("default-ttl %s: %v, want it refused", d, err)
+		}
+	}
+	s := Default()
+	s.DefaultTTL = time.Millisecond
+	if err := s.Validate(); err != nil {
+		t.Fatalf("default-ttl 1ms: %v", err)
+	}
+}

@@ -489,6 +489,9 @@ func (s *applyState) keepAlive(c *KeepAliveCmd) *Result {
 	if c.TTL > 0 {
 		rec.Lease.TTL = c.TTL
 	}
+	if c.Max > 0 && rec.Lease.TTL > c.Max && s.rules() >= formatV10 {
+		rec.Lease.TTL = c.Max
+	}
 	s.extendLease(k, &rec, s.now+rec.Lease.TTL)
 	return &Result{Lease: leaseInfo(c.Namespace, c.Key, &rec)}
 }

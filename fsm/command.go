@@ -97,16 +97,26 @@ const formatV8 = 8
 // framed as formatV1.
 const formatV9 = 9
 
+// formatV10 is the first byte of a command only builds of entry format 10
+// apply: a sweep that raises the island's rules to format 10, from which on
+// a keepalive bounds the lease's TTL by the maximum it carries
+// (KeepAliveCmd.Max, the proposing server's --max-ttl), so that a lease
+// acquired under a longer maximum is not kept alive beyond the one in
+// force. It is framed as formatV1.
+const formatV10 = 10
+
 // EntryFormat is the newest entry format this build applies. Nodes announce
 // it; a leader packs commands, and a server proposes drop_waits, prune
 // passes that keep the tip and forget_keys, only when every server
 // announces it (gossip); an entry of a newer format stops the node (apply).
-const EntryFormat = formatV9
+const EntryFormat = formatV10
 
 // format is the first byte of c's encoding: the oldest entry format whose
 // builds apply c as this one does.
 func (c *Command) format() byte {
 	switch {
+	case c.Sweep != nil && c.Sweep.Format >= formatV10:
+		return formatV10
 	case c.Sweep != nil && c.Sweep.Format >= formatV9:
 		return formatV9
 	case c.Sweep != nil && c.Sweep.Format >= formatV8:
@@ -204,6 +214,11 @@ type KeepAliveCmd struct {
 	TxnID     string `json:"txn,omitempty"`
 	Token     int64  `json:"token,omitempty"` // 0: not checked
 	TTL       int64  `json:"ttl,omitempty"`   // milliseconds; 0 keeps the lease's TTL
+	// Max is the longest TTL (milliseconds) the proposing server allows
+	// (--max-ttl); 0: none. From rules format 10 on, a lease whose TTL is
+	// longer (acquired under a longer maximum) is kept alive for Max, its
+	// TTL from then on; before, builds ignore it.
+	Max int64 `json:"max,omitempty"`
 }
 
 // WriteCmd stages a new document (or a removal) under the lease's transaction.
@@ -335,8 +350,10 @@ func Decode(data []byte) (*Command, error) {
 	if len(data) < 2 || (data[0] != formatV1 && (data[0] < formatV3 || data[0] > EntryFormat)) {
 		return nil, errcode.MalformedCmd.With("unknown command format")
 	}
-	i := bytes.IndexByte(data, '\n')
-	if i < 0 {
+	// The header ends at the first newline after the format byte (which,
+	// from format 10 on, may be a newline itself).
+	i := bytes.IndexByte(data[1:], '\n') + 1
+	if i < 1 {
 		return nil, errcode.MalformedCmd.With("missing header terminator")
 	}
 	var c Command

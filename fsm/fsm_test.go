@@ -928,7 +928,9 @@ func TestMalformedEntriesAreRejectedDeterministically(t *testing.T) {
 		{sweep(), formatV8},
 		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV8}}, formatV7},
 		{sweep(), formatV9},
-		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV9}}, formatV8}} {
+		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV9}}, formatV8},
+		{sweep(), formatV10},
+		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV10}}, formatV9}} {
 		data, err := Encode(c.cmd)
 		if err != nil {
 			t.Fatal(err)

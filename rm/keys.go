@@ -328,6 +328,9 @@ func (r LeaseRef) Validate(txnRequired bool) (LeaseRef, error) {
 
 // KeepAlive extends a lease by ttlSeconds: 0 extends it by its own TTL, a
 // negative value by the default TTL, more than the maximum by the maximum.
+// A lease whose own TTL is longer than the maximum (acquired before
+// --max-ttl was lowered) is extended by the maximum (from rules format 10
+// on: fsm.KeepAliveCmd.Max).
 func (k *Keys) KeepAlive(ctx context.Context, ref LeaseRef, ttlSeconds int64) (*fsm.LeaseInfo, error) {
 	ref, err := ref.Validate(false)
 	if err != nil {
@@ -338,7 +341,8 @@ func (k *Keys) KeepAlive(ctx context.Context, ref LeaseRef, ttlSeconds int64) (*
 		ttl = k.ttl(ttlSeconds)
 	}
 	res, err := k.store.Propose(ctx, &fsm.Command{Op: fsm.OpKeepAlive, KeepAlive: &fsm.KeepAliveCmd{
-		Namespace: ref.Namespace, Key: ref.Key, LeaseID: ref.LeaseID, TxnID: ref.TxnID, Token: ref.Token, TTL: ttl.Milliseconds()}})
+		Namespace: ref.Namespace, Key: ref.Key, LeaseID: ref.LeaseID, TxnID: ref.TxnID, Token: ref.Token, TTL: ttl.Milliseconds(),
+		Max: k.limits.MaxTTL.Milliseconds()}})
 	if err != nil {
 		return nil, err
 	}

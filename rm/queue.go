@@ -56,7 +56,9 @@ func NewQueues(store Store, waits *Waits, clock Clock, limits QueueLimits, node 
 		limits.DefaultVisibility = 30 * time.Second
 	}
 	if limits.MaxVisibility < limits.DefaultVisibility {
-		limits.MaxVisibility = 12 * time.Hour
+		// Never below the default: a request naming a timeout between
+		// the two would get less than one that names none.
+		limits.MaxVisibility = max(12*time.Hour, limits.DefaultVisibility)
 	}
 	if limits.DefaultMaxAttempts <= 0 {
 		limits.DefaultMaxAttempts = 5
