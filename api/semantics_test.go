@@ -476,3 +476,52 @@ func TestClientSendsItsDeadline(t *testing.T) {
 		t.Fatalf("timeout header %q for a 1.5s deadline", got[1])
 	}
 }
+
+// X-If-State-ETag: "" (an empty ETag, quoted as ETags are) is a condition,
+// as in lockd: the holder's view has no document. A key that gained a
+// document since the caller saw it empty is 409 etag_mismatch, not
+// overwritten; an empty header value is no condition.
+func TestAnEmptyQuotedStateETagIsACondition(t *testing.T) {
+	e := newEnv(t)
+	node := e.srv.Node()
+	testutil.WaitFor(t, 10*time.Second, "the island to adopt this build's rules", func() bool {
+		return node.FSM().Rules() >= fsm.EntryFormat
+	})
+	first := e.acquire(wire.AcquireRequest{Key: "etag-empty", TTLSeconds: 30}, nil)
+	h := leaseHeaders(first)
+	h[wire.HeaderIfStateETag] = `""`
+	if r := e.do(http.MethodPost, "/v1/update"+q(first), h, `{"n":1}`); r.status != http.StatusOK {
+		t.Fatalf("update of an absent document under If-State-ETag \"\": %d %s", r.status, r.body)
+	}
+	// Its own staged write is in the holder's view: the document exists now.
+	env := wantErr(t, e.do(http.MethodPost, "/v1/update"+q(first), h, `{"n":2}`), http.StatusConflict, "etag_mismatch")
+	if env["current_etag"] == "" || env["current_etag"] == nil {
+		t.Fatalf("conflict without the current etag: %v", env)
+	}
+	if r := e.release(first, false); r.status != http.StatusOK {
+		t.Fatalf("release: %d %s", r.status, r.body)
+	}
+	second := e.acquire(wire.AcquireRequest{Key: "etag-empty", TTLSeconds: 30}, nil)
+	h = leaseHeaders(second)
+	h[wire.HeaderIfStateETag] = `""`
+	wantErr(t, e.do(http.MethodPost, "/v1/update"+q(second), h, `{"n":3}`), http.StatusConflict, "etag_mismatch")
+	wantErr(t, e.do(http.MethodPost, "/v1/remove"+q(second), h, ""), http.StatusConflict, "etag_mismatch")
+	// After a staged removal the holder's view is empty again.
+	if r := e.do(http.MethodPost, "/v1/remove"+q(second), leaseHeaders(second), ""); r.status != http.StatusOK {
+		t.Fatalf("remove: %d %s", r.status, r.body)
+	}
+	if r := e.do(http.MethodPost, "/v1/update"+q(second), h, `{"n":4}`); r.status != http.StatusOK {
+		t.Fatalf("update after a staged removal under If-State-ETag \"\": %d %s", r.status, r.body)
+	}
+	// An empty header value is no condition.
+	h[wire.HeaderIfStateETag] = ""
+	if r := e.do(http.MethodPost, "/v1/update"+q(second), h, `{"n":5}`); r.status != http.StatusOK {
+		t.Fatalf("update with an empty If-State-ETag: %d %s", r.status, r.body)
+	}
+	if r := e.release(second, false); r.status != http.StatusOK {
+		t.Fatalf("release: %d %s", r.status, r.body)
+	}
+	if p := e.publicGet("default", "etag-empty"); string(p.body) != `{"n":5}` {
+		t.Fatalf("committed: %d %s", p.status, p.body)
+	}
+}

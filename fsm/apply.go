@@ -523,7 +523,10 @@ func (s *applyState) write(c *WriteCmd) *Result {
 		e.CurrentVersion, e.CurrentETag = version, etag
 		return fail(e)
 	}
-	if c.IfETag != "" && c.IfETag != etag {
+	// An ETag condition given as "" asks for no document; builds before
+	// format 10 did not check it, and apply it so until the island follows
+	// format 10's rules.
+	if (c.IfETag != "" || c.IfETagSet && s.rules() >= formatV10) && c.IfETag != etag {
 		e := errcode.ETagMismatch.With("state etag does not match")
 		e.CurrentVersion, e.CurrentETag = version, etag
 		return fail(e)

@@ -102,7 +102,10 @@ const formatV9 = 9
 // a keepalive bounds the lease's TTL by the maximum it carries
 // (KeepAliveCmd.Max, the proposing server's --max-ttl), so that a lease
 // acquired under a longer maximum is not kept alive beyond the one in
-// force. It is framed as formatV1.
+// force, and a write whose ETag condition was given as the empty ETag
+// (WriteCmd.IfETagSet with IfETag "": X-If-State-ETag: "") requires the
+// holder's view to hold no document, as lockd compares it (before, such a
+// condition was not checked). It is framed as formatV1.
 const formatV10 = 10
 
 // EntryFormat is the newest entry format this build applies. Nodes announce
@@ -229,7 +232,11 @@ type WriteCmd struct {
 	TxnID     string `json:"txn,omitempty"`
 	Token     int64  `json:"token,omitempty"`      // 0: not checked
 	IfVersion *int64 `json:"if_version,omitempty"` // nil: not checked
-	IfETag    string `json:"if_etag,omitempty"`    // "": not checked
+	IfETag    string `json:"if_etag,omitempty"`    // "": not checked, unless IfETagSet
+	// IfETagSet says the ETag condition was given even when IfETag is
+	// empty: the holder's view must then hold no document. Applied from
+	// the rules of format 10 on; builds before ignore it.
+	IfETagSet bool   `json:"if_etag_set,omitempty"`
 	Delete    bool   `json:"delete,omitempty"`
 	ETag      string `json:"etag,omitempty"` // of Doc, computed by the proposer
 	Doc       []byte `json:"-"`              // compact JSON, carried after the header

@@ -1,6 +1,10 @@
 package fsm
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/raftlockd/raftlockd/errcode"
+)
 
 // Entry format 10 bounds a keepalive by the maximum TTL it carries (the
 // proposing server's --max-ttl): a lease acquired under a longer maximum
@@ -35,4 +39,47 @@ func TestAKeepaliveIsBoundedByTheMaximumItCarries(t *testing.T) {
 		}
 		checkInvariants(t, h)
 	}
+}
+
+// Entry format 10 checks an ETag condition given as the empty ETag
+// (X-If-State-ETag: ""): the holder's view must hold no document. Until the
+// island follows format 10, such a write applies as builds of format 9
+// apply it, without the check.
+func TestAnEmptyETagConditionAsksForNoDocument(t *testing.T) {
+	ifEmpty := func(c *Command) *Command {
+		c.Write.IfETagSet = true
+		return c
+	}
+	for _, rules := range []int{formatV9, formatV10} {
+		h := rulesHarness(t, rules)
+		l := mustLease(t, h.one(acq("k", "t1", "r1", 10_000, 0)))
+		if r := h.one(ifEmpty(update(l, `{"n":1}`))); r.Err != nil {
+			t.Fatalf("rules %d: a write to an absent document: %v", rules, r.Err)
+		}
+		h.one(release(l, false))
+		l = mustLease(t, h.one(acq("k", "t2", "r2", 10_000, 0)))
+		r := h.one(ifEmpty(update(l, `{"n":2}`)))
+		if rules < formatV10 {
+			if r.Err != nil {
+				t.Fatalf("rules %d: %v, want the write applied as older builds apply it", rules, r.Err)
+			}
+			continue
+		}
+		wantCode(t, r, errcode.ETagMismatch)
+		if r.Err.CurrentVersion != 1 || r.Err.CurrentETag != etagOf(`{"n":1}`) {
+			t.Fatalf("rules %d: conflict lacks the current state: %+v", rules, r.Err)
+		}
+		wantCode(t, h.one(ifEmpty(rmv(l))), errcode.ETagMismatch)
+		if r := h.one(rmv(l)); r.Err != nil || !r.Write.Removed {
+			t.Fatalf("rules %d: remove: %+v", rules, r)
+		}
+		// The staged removal empties the holder's view.
+		if r := h.one(ifEmpty(update(l, `{"n":3}`))); r.Err != nil || r.Write.Version != 2 {
+			t.Fatalf("rules %d: a write after a staged removal: %+v (%v)", rules, r.Write, r.Err)
+		}
+	}
+}
+
+func rmv(l *LeaseInfo) *Command {
+	return &Command{Op: OpWrite, Write: &WriteCmd{Namespace: l.Namespace, Key: l.Key, LeaseID: l.LeaseID, TxnID: l.TxnID, Delete: true}}
 }

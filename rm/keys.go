@@ -397,7 +397,11 @@ func (k *Keys) Remove(ctx context.Context, ref LeaseRef, cond Conditions) (*fsm.
 func (k *Keys) write(ctx context.Context, ref LeaseRef, cond Conditions, w *fsm.WriteCmd) (*fsm.WriteResult, error) {
 	w.Namespace, w.Key, w.LeaseID, w.TxnID, w.Token = ref.Namespace, ref.Key, ref.LeaseID, ref.TxnID, ref.Token
 	w.IfVersion = cond.IfVersion
-	w.IfETag = strings.Trim(cond.IfETag, `"`)
+	// As in lockd, a condition that is not blank is checked, even one
+	// that names the empty ETag ("") of a key without a document.
+	if etag := strings.TrimSpace(cond.IfETag); etag != "" {
+		w.IfETag, w.IfETagSet = strings.Trim(etag, `"`), true
+	}
 	res, err := k.store.Propose(ctx, &fsm.Command{Op: fsm.OpWrite, Write: w})
 	if err != nil {
 		return nil, err
