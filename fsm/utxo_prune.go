@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"slices"
+	"strconv"
 
 	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/wire"
@@ -416,6 +417,17 @@ func (v *View) UTXOStatus() UTXOStatus {
 		st.DueNow++
 	}
 	return st
+}
+
+// UTXOChainMark names the chain a prune pass judges by: its height and
+// tip block. A transaction a pass retained (a child unmined or too recent)
+// is judged again the same way until the chain moves on.
+func (v *View) UTXOChainMark() string {
+	tip := ""
+	if b := v.tipBlock(); b != nil {
+		tip = b.Hash
+	}
+	return strconv.FormatUint(uint64(v.utxoHeight()), 10) + "/" + tip
 }
 
 // UTXOPruneDue reports whether a prune pass has work: a transaction past

@@ -389,10 +389,12 @@ func (k forgettableKeys) ForgettableKeys(after []byte, limit, scan int) (keys []
 	return keys, next, err
 }
 
-func (p pruneDue) PruneDue() bool {
-	due := false
-	_ = p.node.FSM().View(func(v *fsm.View) error { due = v.UTXOPruneDue() || p.chain.PolicyStale(v); return nil })
-	return due
+func (p pruneDue) PruneDue() (due bool, mark string) {
+	_ = p.node.FSM().View(func(v *fsm.View) error {
+		due, mark = v.UTXOPruneDue() || p.chain.PolicyStale(v), v.UTXOChainMark()
+		return nil
+	})
+	return due, mark
 }
 
 type scheduleFunc func(retention int64) (int64, bool)

@@ -9,16 +9,75 @@ import (
 	"github.com/raftlockd/raftlockd/wire"
 )
 
-type countingPass struct{ n atomic.Int64 }
+// countingPass counts passes; each answers *res (when set).
+type countingPass struct {
+	n   atomic.Int64
+	res atomic.Pointer[wire.UTXOPruneResponse]
+}
 
 func (c *countingPass) Prune(context.Context) (*wire.UTXOPruneResponse, error) {
 	c.n.Add(1)
+	if r := c.res.Load(); r != nil {
+		out := *r
+		return &out, nil
+	}
 	return &wire.UTXOPruneResponse{}, nil
 }
 
-type dueFlag struct{ due atomic.Bool }
+type dueFlag struct {
+	due  atomic.Bool
+	mark atomic.Value // string
+}
 
-func (d *dueFlag) PruneDue() bool { return d.due.Load() }
+func (d *dueFlag) PruneDue() (bool, string) {
+	m, _ := d.mark.Load().(string)
+	return d.due.Load(), m
+}
+
+// waitPasses waits until pass has run at least n passes.
+func waitPasses(t *testing.T, pass *countingPass, n int64) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); pass.n.Load() < n; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d prune passes after 5s, want %d", pass.n.Load(), n)
+		}
+	}
+}
+
+// A cycle of passes that only kept transactions (children not yet
+// stable) is not repeated every interval while the chain stands still:
+// an idle island would commit a prune entry per interval forever. The next
+// block, or the bound on idle intervals, brings the next pass.
+func TestAPrunerThatOnlyKeptTransactionsWaitsForTheChain(t *testing.T) {
+	pass, due := &countingPass{}, &dueFlag{}
+	due.due.Store(true)
+	due.mark.Store("10/a")
+	pass.res.Store(&wire.UTXOPruneResponse{Examined: 3, Retained: wire.UTXORetained{UnminedChild: 3}, Wrapped: true})
+	const interval = 2 * time.Millisecond
+	p := NewPruner(pass, due, interval, nil)
+	defer p.Stop()
+	p.SetLeader(true)
+	waitPasses(t, pass, 1)
+	time.Sleep(20 * interval) // ten intervals: no pass may run
+	if n := pass.n.Load(); n != 1 {
+		t.Fatalf("%d passes over an unchanged chain after a cycle that only kept transactions, want 1", n)
+	}
+	due.mark.Store("11/b") // a block
+	waitPasses(t, pass, 2)
+	// A pass that pruned something keeps the pruner going.
+	pass.res.Store(&wire.UTXOPruneResponse{Examined: 1, Pruned: []string{"00"}, Wrapped: true})
+	due.mark.Store("12/c")
+	waitPasses(t, pass, 4)
+	// Idle again: the bound on idle intervals still brings a pass.
+	pass.res.Store(&wire.UTXOPruneResponse{Examined: 3, Retained: wire.UTXORetained{UnminedChild: 3}, Wrapped: true})
+	n := pass.n.Load()
+	waitPasses(t, pass, n+2)
+	start := time.Now()
+	waitPasses(t, pass, n+3)
+	if took := time.Since(start); took < idleIntervals*interval/2 {
+		t.Fatalf("an idle pruner ran again after %v, want about %v", took, idleIntervals*interval)
+	}
+}
 
 // The pruner proposes passes only while it leads and something is due,
 // and its goroutine is gone once leadership is lost.
