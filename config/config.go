@@ -262,8 +262,9 @@ func (s *Server) Validate() error {
 		"at least tc-fanout-base-delay (%s)", s.TCFanoutBaseDelay)
 	want(s.TCFanoutMultiplier >= 1 && s.TCFanoutMultiplier <= 100, "tc-fanout-multiplier", s.TCFanoutMultiplier,
 		"1 <= tc-fanout-multiplier <= 100")
-	want(s.TCPendingTTL > 0 && s.TCPendingTTL <= s.MaxTTL, "tc-pending-ttl", s.TCPendingTTL,
-		"0 < tc-pending-ttl <= max-ttl (%s)", s.MaxTTL)
+	// Replicated in milliseconds, like leases: less would be none.
+	want(s.TCPendingTTL >= time.Millisecond && s.TCPendingTTL <= s.MaxTTL, "tc-pending-ttl", s.TCPendingTTL,
+		"1ms <= tc-pending-ttl <= max-ttl (%s)", s.MaxTTL)
 	for _, p := range s.TCPeers {
 		if u, err := url.Parse(p); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			errs = append(errs, fmt.Errorf("tc-peer %q: want an http(s) URL", p))

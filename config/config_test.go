@@ -65,6 +65,7 @@ func TestValidateNamesTheFlag(t *testing.T) {
 		{"tc-fanout-max-delay", "tc-fanout-max-delay 1ms", func(s *Server) { s.TCFanoutMaxDelay = time.Millisecond }},
 		{"tc-fanout-multiplier", "tc-fanout-multiplier 0.5", func(s *Server) { s.TCFanoutMultiplier = 0.5 }},
 		{"tc-pending-ttl", "tc-pending-ttl 0s", func(s *Server) { s.TCPendingTTL = 0 }},
+		{"tc-pending-ttl", "tc-pending-ttl 500µs", func(s *Server) { s.TCPendingTTL = 500 * time.Microsecond }},
 		{"queue-visibility", "queue-visibility 500ms", func(s *Server) { s.QueueVisibility = 500 * time.Millisecond }},
 		{"queue-max-attempts", "queue-max-attempts 0", func(s *Server) { s.QueueMaxAttempts = 0 }},
 		{"max-payload-bytes", "max-payload-bytes 0", func(s *Server) { s.MaxPayloadBytes = 0 }},

@@ -1126,6 +1126,8 @@ func TestCLIRefusesIncompleteCommandsBeforeSendingThem(t *testing.T) {
 		{[]string{"client", "queue", "nack", "--server", down, "--lease", "l"}, "no delivery named"},
 		{[]string{"client", "queue", "extend", "--server", down}, "no delivery named"},
 		{[]string{"client", "get", "--server", down, "--key", "k", "--timeout", "-1s"}, "--timeout -1s"},
+		{[]string{"client", "acquire", "--server", down, "--key", "k", "--ttl", "-5s"}, `"-5s" must not be negative`},
+		{[]string{"client", "queue", "enqueue", "--server", down, "--queue", "q", "--delay", "-1"}, `"-1" must not be negative`},
 		{[]string{"client", "get", "--key", "k", "--bundle", "/nonexistent/b.pem"}, "--bundle /nonexistent/b.pem"},
 		{[]string{"bench", "--server", down, "--workload", "nosuch"}, `unknown workload "nosuch"`},
 		{[]string{"bench", "--server", down, "--spawn", "-2"}, "--spawn -2"},

@@ -182,6 +182,10 @@ func (f *secondsFlag) Set(s string) error {
 	if err != nil {
 		return err
 	}
+	if n < 0 && !f.wait {
+		// Only a wait has a meaning for a negative value (nowait).
+		return fmt.Errorf("%q must not be negative", s)
+	}
 	*f.secs, f.text = n, s
 	return nil
 }

@@ -161,7 +161,9 @@ func envValues(f *pflag.Flag, v string) ([]string, error) {
 	if !listFlag(f) {
 		return []string{v}, nil
 	}
-	records, err := csv.NewReader(strings.NewReader(v)).ReadAll()
+	r := csv.NewReader(strings.NewReader(v))
+	r.TrimLeadingSpace = true // "a, b" lists a and b
+	records, err := r.ReadAll()
 	if err != nil {
 		return nil, fmt.Errorf("want a comma-separated list: %w", err)
 	}

@@ -218,12 +218,12 @@ func TestCLITxnCommandsNeedATxnID(t *testing.T) {
 }
 
 // RAFTLOCKD_CLIENT_PARTICIPANT stands for several --participant flags: a
-// comma-separated list, in which a participant whose key holds a comma is
-// quoted as in CSV. A list that does not read is refused, naming it.
+// comma-separated list (spaces after a comma do not count), in which a
+// participant whose key holds a comma is quoted as in CSV. A list that does not read is refused, naming it.
 func TestCLIParticipantsFromTheEnvironment(t *testing.T) {
 	t.Parallel()
 	srv := newServer(t)
-	env := srv.clientEnv("RAFTLOCKD_CLIENT_TXN_ID="+xid.New().String(), `RAFTLOCKD_CLIENT_PARTICIPANT=default:a,"default:b,c"`)
+	env := srv.clientEnv("RAFTLOCKD_CLIENT_TXN_ID="+xid.New().String(), `RAFTLOCKD_CLIENT_PARTICIPANT=default:a, "default:b,c"`)
 	mustCLI(t, env, "", "txn", "prepare")
 	var st wire.TxnStatusResponse
 	if err := json.Unmarshal([]byte(mustCLI(t, env, "", "txn", "status", "--format", "json")), &st); err != nil {
