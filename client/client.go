@@ -94,7 +94,7 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	// handshake, such as a stopped process, is given up on); waiting for
 	// the answer is not, since an acquire or a dequeue may wait on the
 	// server as long as it asked to.
-	dialer := &net.Dialer{Timeout: connectTimeout, KeepAlive: 30 * time.Second}
+	dialer := &net.Dialer{Timeout: connectTimeout, KeepAliveConfig: deadPeer}
 	c := &Client{base: strings.TrimRight(u.String(), "/"), namespace: wire.DefaultNamespace, retryFor: 10 * time.Second,
 		http: &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext,
 			TLSHandshakeTimeout: connectTimeout, MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second,
@@ -111,6 +111,14 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 // connectTimeout bounds a connection's dial and its TLS handshake (a
 // variable for tests).
 var connectTimeout = 10 * time.Second
+
+// deadPeer gives up a connection whose server vanished without closing it
+// (a host powered off, a network cut) after about 30 s of silence: TCP
+// keepalive probes start after 15 s idle, and three unanswered 5 s apart
+// end it. A subscription or a long wait on the server then fails (and
+// reopens or retries) instead of waiting out the system's default, which
+// is minutes.
+var deadPeer = net.KeepAliveConfig{Enable: true, Idle: 15 * time.Second, Interval: 5 * time.Second, Count: 3}
 
 // Error is a rejection from the server: the HTTP status and the stable
 // error envelope. errors.Is(err, errcode.Waiting) and friends work on it.
