@@ -84,7 +84,7 @@ func trustedCA(t fsm.TrustedCA) wire.TrustedCA {
 // trust lists the trust list (GET) or changes it (POST).
 func (h *handler) trust(w http.ResponseWriter, r *http.Request) error {
 	switch r.Method {
-	case http.MethodGet:
+	case http.MethodGet, http.MethodHead: // HEAD: the GET without its body, as on every GET endpoint
 		list, err := h.Access.TrustedCAs(r.Context())
 		if err != nil {
 			return err
@@ -97,8 +97,8 @@ func (h *handler) trust(w http.ResponseWriter, r *http.Request) error {
 		return nil
 	case http.MethodPost:
 	default:
-		w.Header().Set("Allow", "GET, POST")
-		return errcode.MethodNotAllowed.With("/v1/tc/trust needs GET or POST")
+		w.Header().Set("Allow", "GET, HEAD, POST")
+		return errcode.MethodNotAllowed.With("/v1/tc/trust needs GET (or HEAD) or POST")
 	}
 	var req wire.TrustRequest
 	if err := h.decodeJSON(w, r, &req); err != nil {

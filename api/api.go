@@ -135,7 +135,7 @@ func New(o Options) http.Handler {
 	h.routeChain(route)
 	h.routeAccess(route)
 	if o.Gatherer != nil {
-		route("", "/metrics", serve(promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{})))
+		route(http.MethodGet, "/metrics", serve(promhttp.HandlerFor(o.Gatherer, promhttp.HandlerOpts{})))
 	}
 	if o.Pprof {
 		route("", "/debug/pprof/", serve(http.HandlerFunc(pprof.Index)))
