@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"reflect"
 	"strconv"
 	"strings"
 	"time"
@@ -154,6 +155,12 @@ func retryable(err error, idempotent bool) bool {
 		case errcode.Unavailable.Code, errcode.ShuttingDown.Code:
 			return idempotent
 		}
+		// An error page without raftlockd's envelope, from a proxy or load
+		// balancer in front of the servers: it may not have reached one,
+		// or have lost its answer.
+		if proxyError(e) {
+			return idempotent
+		}
 		return false
 	}
 	if refused(err) {
@@ -164,6 +171,16 @@ func retryable(err error, idempotent bool) bool {
 		return true
 	}
 	return idempotent && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+}
+
+// proxyError reports whether e is a gateway's failure (502, 503, 504)
+// rather than a server's answer, which always carries an envelope.
+func proxyError(e *Error) bool {
+	switch e.Status {
+	case http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout:
+		return e.Envelope.Code == "http_"+strconv.Itoa(e.Status)
+	}
+	return false
 }
 
 // refused reports whether err is a TLS failure that trying again cannot
@@ -185,25 +202,98 @@ func refused(err error) bool {
 // do makes the call, resending it while retryable allows for up to
 // retryFor from its first failure (not from its start: an acquire or a
 // dequeue that waited its turn on the server for longer keeps its retries).
+// The caller reads and closes the answer.
 func (c *Client) do(ctx context.Context, cl call) (*http.Response, error) {
+	var resp *http.Response
+	err := c.exchange(ctx, cl, func(r *http.Response) error {
+		resp = r
+		return nil
+	})
+	return resp, err
+}
+
+// doRead is do for an answer that read consumes whole: the answer is read
+// within the attempt, so that an idempotent call whose answer breaks off
+// after its headers is resent like one whose connection failed before
+// them. The answer is closed once read.
+func (c *Client) doRead(ctx context.Context, cl call, read func(*http.Response) error) error {
+	return c.exchange(ctx, cl, func(resp *http.Response) error {
+		defer closeBody(resp)
+		if err := read(resp); err != nil {
+			if answerCut(err) {
+				return &cutAnswer{err}
+			}
+			return &badAnswer{err}
+		}
+		return nil
+	})
+}
+
+// cutAnswer is an answer that broke off; badAnswer one that could not be
+// read otherwise (not what the call expects), which no retry mends.
+type cutAnswer struct{ err error }
+
+func (e *cutAnswer) Error() string { return e.err.Error() }
+func (e *cutAnswer) Unwrap() error { return e.err }
+
+type badAnswer struct{ err error }
+
+func (e *badAnswer) Error() string { return e.err.Error() }
+func (e *badAnswer) Unwrap() error { return e.err }
+
+// answerCut reports whether err, the failure to read an answer, is its
+// connection failing or the answer ending before its length.
+func answerCut(err error) bool {
+	var ne net.Error
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.As(err, &ne)
+}
+
+// drainBytes bounds what is read of an answer past what its call needed,
+// so that its connection can be reused (one closed before the end of its
+// answer is dropped).
+const drainBytes = 64 << 10
+
+// closeBody closes an answer after reading what is left of it, up to
+// drainBytes.
+func closeBody(resp *http.Response) {
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, drainBytes))
+	resp.Body.Close()
+}
+
+func (c *Client) exchange(ctx context.Context, cl call, read func(*http.Response) error) error {
 	var deadline time.Time
 	backoff := 50 * time.Millisecond
 	for {
 		resp, err := c.once(ctx, cl)
 		if err == nil {
-			return resp, nil
+			if err = read(resp); err == nil {
+				return nil
+			}
+			var bad *badAnswer
+			if errors.As(err, &bad) {
+				return bad.err
+			}
 		}
 		if deadline.IsZero() {
 			deadline = time.Now().Add(c.retryFor)
 		}
 		if !retryable(err, cl.idempotent) || time.Now().Add(backoff).After(deadline) {
-			return nil, err
+			return unwrapCut(err)
 		}
-		if err := pause(ctx, backoff, err); err != nil {
-			return nil, err
+		if err := pause(ctx, backoff, unwrapCut(err)); err != nil {
+			return err
 		}
 		backoff = min(backoff*2, time.Second)
 	}
+}
+
+// unwrapCut returns the error an answer that broke off failed with.
+func unwrapCut(err error) error {
+	var cut *cutAnswer
+	if errors.As(err, &cut) {
+		return cut.err
+	}
+	return err
 }
 
 // pause waits d before the next attempt; when ctx ends first it returns
@@ -283,15 +373,22 @@ func checkStatus(resp *http.Response) (*http.Response, error) {
 }
 
 func (c *Client) doJSON(ctx context.Context, cl call, out any) (*http.Response, error) {
-	resp, err := c.do(ctx, cl)
+	var resp *http.Response
+	err := c.doRead(ctx, cl, func(r *http.Response) error {
+		resp = r
+		if out != nil {
+			// Nothing of an earlier attempt's answer that broke off stays.
+			if v := reflect.ValueOf(out); v.Kind() == reflect.Pointer && !v.IsNil() {
+				v.Elem().SetZero()
+			}
+			if err := json.NewDecoder(r.Body).Decode(out); err != nil {
+				return fmt.Errorf("client: decode %s response: %w", cl.path, err)
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
-	}
-	defer resp.Body.Close()
-	if out != nil {
-		if err := json.NewDecoder(resp.Body).Decode(out); err != nil {
-			return nil, fmt.Errorf("client: decode %s response: %w", cl.path, err)
-		}
 	}
 	return resp, nil
 }
@@ -451,17 +548,20 @@ func (c *Client) GetPublic(ctx context.Context, ns, key string) (*Document, erro
 }
 
 func (c *Client) get(ctx context.Context, q url.Values, h http.Header) (*Document, error) {
-	resp, err := c.do(ctx, call{method: http.MethodPost, path: "/v1/get", query: q, header: h, idempotent: true})
+	var d *Document
+	err := c.doRead(ctx, call{method: http.MethodPost, path: "/v1/get", query: q, header: h, idempotent: true}, func(resp *http.Response) error {
+		d = &Document{Exists: resp.StatusCode == http.StatusOK, ETag: strings.Trim(resp.Header.Get(wire.HeaderETag), `"`)}
+		d.Version, _ = strconv.ParseInt(resp.Header.Get(wire.HeaderKeyVersion), 10, 64)
+		if d.Exists {
+			var err error
+			if d.Body, err = io.ReadAll(resp.Body); err != nil {
+				return fmt.Errorf("client: read state: %w", err)
+			}
+		}
+		return nil
+	})
 	if err != nil {
 		return nil, err
-	}
-	defer resp.Body.Close()
-	d := &Document{Exists: resp.StatusCode == http.StatusOK, ETag: strings.Trim(resp.Header.Get(wire.HeaderETag), `"`)}
-	d.Version, _ = strconv.ParseInt(resp.Header.Get(wire.HeaderKeyVersion), 10, 64)
-	if d.Exists {
-		if d.Body, err = io.ReadAll(resp.Body); err != nil {
-			return nil, fmt.Errorf("client: read state: %w", err)
-		}
 	}
 	return d, nil
 }

@@ -281,3 +281,43 @@ func openStream(t *testing.T, payloads ...string) func(http.ResponseWriter, *htt
 		<-r.Context().Done()
 	}
 }
+
+// cancelAfterHeaders ends a call's context once its answer's headers have
+// arrived (a consumer stopping just as its stream opened).
+type cancelAfterHeaders struct {
+	base   http.RoundTripper
+	cancel context.CancelFunc
+}
+
+func (rt *cancelAfterHeaders) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := rt.base.RoundTrip(r)
+	if err == nil && r.URL.Path == "/v1/queue/subscribe" {
+		rt.cancel()
+	}
+	return resp, err
+}
+
+// A subscription whose context ends as its stream opens, when the server
+// had already leased it (and sent) the stream's first delivery, hands that
+// delivery back instead of leaving it leased until its lease runs out.
+func TestASubscriptionEndingAsItsStreamOpensHandsBackWhatArrived(t *testing.T) {
+	s := &nackRecorder{t: t, stream: openStream(t, "one")}
+	ts := httptest.NewServer(s)
+	t.Cleanup(ts.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	c, err := New(ts.URL, WithHTTPClient(&http.Client{Transport: &cancelAfterHeaders{base: http.DefaultTransport, cancel: cancel}}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = c.Subscribe(ctx, wire.DequeueRequest{Queue: "q", Owner: "o"}, func(d *Delivery) error {
+		t.Errorf("fn got %s after the context ended", d.Message.MessageID)
+		return nil
+	})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("subscription ended with %v", err)
+	}
+	if got := s.handedBack(); !slices.Equal(got, []string{"m0"}) {
+		t.Fatalf("handed back %v, want m0", got)
+	}
+}

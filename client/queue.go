@@ -191,16 +191,23 @@ func (c *Client) dequeue(ctx context.Context, path string, req wire.DequeueReque
 	if err != nil {
 		return nil, err
 	}
-	defer resp.Body.Close()
 	d, err := dr.next()
 	switch {
 	case err != nil && d != nil:
 		// Leased to this call, but not all of it arrived.
+		resp.Body.Close()
 		return nil, d.HandBack(ctx, err)
 	case errors.Is(err, io.EOF):
+		resp.Body.Close()
 		return nil, fmt.Errorf("client: %s: the answer holds no delivery", path)
+	case err != nil:
+		resp.Body.Close()
+		return nil, err
 	}
-	return d, err
+	// The closing boundary follows the delivery at once: read it, so that
+	// the connection is kept.
+	closeBody(resp)
+	return d, nil
 }
 
 // handBackTimeout bounds a hand-back made after its caller's context ended.
@@ -357,6 +364,10 @@ func (c *Client) subscribe(ctx context.Context, path string, req wire.DequeueReq
 		switch {
 		case ctx.Err() != nil:
 			if resp != nil {
+				// The stream began with a delivery leased to this
+				// subscription: hand back what of it arrived (the transport
+				// ends the stream, as ctx ended).
+				handBackRead(ctx, dr, ctx.Err())
 				resp.Body.Close()
 			}
 			return ctx.Err()
