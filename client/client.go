@@ -402,7 +402,10 @@ func (c *Client) ns(ns string) string {
 
 // Lease is a held lease: the acquire's answer, with calls that present it.
 // KeepAlive keeps ExpiresAt current; the fencing token does not change
-// while the lease is held.
+// while the lease is held. Its calls may run concurrently (a keepalive
+// goroutine beside updates: they read only the fields that do not
+// change), but ExpiresAt is written by KeepAlive and is read safely only
+// by the goroutine that calls it, or once it returned.
 type Lease struct {
 	c *Client
 	wire.AcquireResponse
