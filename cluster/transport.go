@@ -193,6 +193,9 @@ func (m *mux) admitIsland(c net.Conn) bool {
 		return false
 	}
 	_ = c.SetWriteDeadline(time.Time{})
+	if id != "" && id == m.self {
+		return false // see ErrDialledSelf; the dialler says it
+	}
 	if err := m.checkNode(c, id); err != nil {
 		m.refusals.Add(1)
 		if m.refused.due() {
@@ -237,6 +240,14 @@ func (m *mux) checkUnbound(c net.Conn) error {
 	}
 	return nil
 }
+
+// ErrDialledSelf says that a Raft address answered as this very server:
+// the address another server had, before this one took it over (containers
+// restarted with each other's addresses). Raft never dials its own server;
+// a connection to itself would let a candidate grant itself that other
+// server's vote too (raft grants a repeated vote request of the candidate
+// it voted for) and lead alone.
+var ErrDialledSelf = errors.New("cluster: the address answers as this server (another server's stale address)")
 
 // ErrOtherNode says that a server names itself with another node id than
 // the one its certificate is bound to.
@@ -406,6 +417,10 @@ func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.
 		return nil, fmt.Errorf("cluster: dial %s: %w", addr, err)
 	}
 	_ = c.SetDeadline(time.Time{})
+	if id != "" && id == s.m.self {
+		c.Close()
+		return nil, fmt.Errorf("cluster: dial %s: %w", addr, ErrDialledSelf)
+	}
 	if err := s.m.checkNode(c, id); err != nil {
 		c.Close()
 		return nil, fmt.Errorf("cluster: dial %s: %w", addr, err)

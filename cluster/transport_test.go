@@ -3,6 +3,7 @@ package cluster
 import (
 	"errors"
 	"io"
+	"log/slog"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -218,5 +219,39 @@ func TestTheTransportNotesHowFarTheLeaderIs(t *testing.T) {
 		if got := tr.commit.Load(); got == nil || *got != c.want {
 			t.Fatalf("after %T: %+v, want %+v", c.cmd, got, c.want)
 		}
+	}
+}
+
+// A Raft address that answers as this very server is the stale address of
+// another one (containers restarted with each other's addresses): raft
+// never dials itself, and a connection to itself would let a candidate
+// grant itself that peer's vote (raft grants a repeated request of the
+// candidate it voted for) and be elected alone. Both ends refuse it.
+func TestRaftRefusesToDialItself(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newMux(ln, func(c net.Conn) { c.Close() }, "node1", func() string { return "abc" }, nil,
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	defer m.close()
+	go func() {
+		for {
+			select {
+			case c := <-m.raftCh:
+				c.Close()
+			case <-m.done:
+				return
+			}
+		}
+	}()
+	s := &streamLayer{m: m, network: TCP{}}
+	c, err := s.Dial(raft.ServerAddress(ln.Addr().String()), 5*time.Second)
+	if err == nil {
+		c.Close()
+		t.Fatal("raft dialled its own server at another server's address")
+	}
+	if !errors.Is(err, ErrDialledSelf) {
+		t.Fatalf("dialling itself: %v, want ErrDialledSelf", err)
 	}
 }

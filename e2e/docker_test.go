@@ -38,7 +38,7 @@ import (
 
 // scenarioBudget bounds everything after the image is built: bringing the
 // cluster up, both fault cases and the checks.
-const scenarioBudget = 3 * time.Minute
+const scenarioBudget = 4 * time.Minute
 
 func repoRoot(t *testing.T) string {
 	t.Helper()
@@ -268,6 +268,16 @@ func startCompose(t *testing.T, image string) *composeCluster {
 	}
 	t.Logf("project %s: three nodes healthy %s after `up -d`; API on %v", project, time.Since(start).Round(time.Millisecond),
 		c.endpoints)
+	// The image has no shell: the health check is the binary itself, and
+	// the server runs as the unprivileged user.
+	for i := range c.endpoints {
+		if user := c.inspect(i, "{{.Config.User}}"); user != "65532:65532" {
+			t.Fatalf("%s runs as user %q, want 65532:65532", c.service(i), user)
+		}
+		if test := c.inspect(i, "{{json .Config.Healthcheck.Test}}"); test != `["CMD","/raftlockd","health"]` {
+			t.Fatalf("%s's health check: %s", c.service(i), test)
+		}
+	}
 
 	// The certificates: what a user copies out of the volume (docker cp
 	// reads it through a running node; the image has no shell).
@@ -403,7 +413,7 @@ func TestDockerCompose(t *testing.T) {
 		name string
 		run  func(*testing.T, *composeCluster)
 	}{{"RefuseWithoutCertificate", refuseWithoutCertificate}, {"RestoreThroughFollower", restoreThroughFollower}, {"StopLeader", stopLeader}, {"KillLeader", killLeader},
-		{"DisconnectLeader", disconnectLeader}, {"DownAndUp", downAndUp}} {
+		{"DisconnectLeader", disconnectLeader}, {"StartOnOthersAddresses", startOnOthersAddresses}, {"DownAndUp", downAndUp}} {
 		if !t.Run(tc.name, func(t *testing.T) {
 			sub := *c
 			sub.t = t
@@ -429,8 +439,23 @@ func stopLeader(t *testing.T, c *composeCluster) {
 	id := c.container(leader)
 	stoppedAt := time.Now()
 	mustRun(t, c.ctx, nil, "docker", "kill", "--signal", "TERM", id)
-	mustRun(t, c.ctx, nil, "docker", "wait", id)
+	code := strings.TrimSpace(mustRun(t, c.ctx, nil, "docker", "wait", id))
 	stopped := time.Since(stoppedAt)
+	// `docker stop` (and Compose) would send SIGKILL after the container's
+	// stop timeout (stop_grace_period): a graceful stop ends before it, and
+	// exits 0.
+	grace, err := time.ParseDuration(c.inspect(leader, "{{.Config.StopTimeout}}") + "s")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code != "0" || stopped >= grace {
+		t.Fatalf("%s exited with %s %s after SIGTERM; want 0 within its stop timeout (%s)", c.service(leader), code,
+			stopped.Round(time.Millisecond), grace)
+	}
+	// A leader stopped on purpose hands leadership over first.
+	if logs := mustRun(t, c.ctx, nil, "docker", "logs", "--since", stoppedAt.Add(-time.Second).Format(time.RFC3339Nano), id); !strings.Contains(logs, "handed leadership over before stopping") {
+		t.Fatalf("%s did not hand leadership over before stopping:\n%s", c.service(leader), logs)
+	}
 	took, newLeader := c.servedWithout(t, load, leader, stoppedAt, "stop-probe")
 	t.Logf("leader %s stopped (SIGTERM to exit: %s); first write through a survivor acknowledged %s after the stop began; "+
 		"%s leads; %d commits acknowledged without %s", c.service(leader), stopped.Round(time.Millisecond),
@@ -593,6 +618,62 @@ func downAndUp(t *testing.T, c *composeCluster) {
 	}
 	if after := commitDoc(t, c, c.endpoints[2], "down-and-up", `{"v":"after"}`); after <= before {
 		t.Fatalf("fencing token %d after `down` and `up -d`, but %d was issued before", after, before)
+	}
+}
+
+// startOnOthersAddresses stops every node (`stop`: the containers and
+// their network stay) and starts the one with the highest address alone:
+// Docker gives it the lowest free address of the network, the address
+// another node had, which the Raft configuration still holds for that
+// node. On its own it is one voter of three: it must not lead (it must not
+// count a vote of its own as that other node's). Then the others start
+// on addresses each other's, the nodes elect a leader, and what was
+// committed before is there.
+func startOnOthersAddresses(t *testing.T, c *composeCluster) {
+	before := commitDoc(t, c, c.endpoints[0], "swapped", `{"v":"before"}`)
+	type node struct {
+		i  int
+		ip string
+	}
+	var nodes []node
+	for i := range c.endpoints {
+		nodes = append(nodes, node{i, c.inspect(i, "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}")})
+	}
+	slices.SortFunc(nodes, func(a, b node) int { return -cmpIP(a.ip, b.ip) })
+	c.run("stop", "-t", "10")
+	first := nodes[0].i
+	startedAt := time.Now()
+	mustRun(t, c.ctx, nil, "docker", "start", c.container(first))
+	ip := c.inspect(first, "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}")
+	took := slices.IndexFunc(nodes, func(n node) bool { return n.ip == ip && n.i != first })
+	if took < 0 {
+		t.Logf("%s came back alone on %s, no other node's address (was %s); the case is not exercised", c.service(first), ip,
+			nodes[0].ip)
+	} else {
+		t.Logf("%s came back alone on %s, %s's address", c.service(first), ip, c.service(nodes[took].i))
+	}
+	// Several election timeouts (500ms) alone.
+	time.Sleep(5 * time.Second)
+	logs := mustRun(t, c.ctx, nil, "docker", "logs", "--since", startedAt.Add(-time.Second).Format(time.RFC3339Nano),
+		c.container(first))
+	if strings.Contains(logs, "leader=true") {
+		t.Errorf("%s, alone of three voters, became leader:\n%s", c.service(first), logs)
+	}
+	for _, n := range nodes[1:] {
+		mustRun(t, c.ctx, nil, "docker", "start", c.container(n.i))
+	}
+	for i := range c.endpoints {
+		c.waitHealthy(i, 90*time.Second)
+	}
+	t.Logf("`stop`, then `start` on each other's addresses: three nodes healthy %s later", time.Since(startedAt).Round(time.Millisecond))
+	for i, ep := range c.endpoints {
+		d, err := c.client(ep).GetPublic(c.ctx, "", "swapped")
+		if err != nil || string(d.Body) != `{"v":"before"}` {
+			t.Fatalf("%s: swapped after `stop` and `start`: %q, %v", c.service(i), d.Body, err)
+		}
+	}
+	if after := commitDoc(t, c, c.endpoints[first], "swapped", `{"v":"after"}`); after <= before {
+		t.Fatalf("fencing token %d after `stop` and `start`, but %d was issued before", after, before)
 	}
 }
 

@@ -296,9 +296,6 @@ node id <host> (as 'auth new server --node-id' binds one).`,
 				file{auth.ClientFile, auth.RoleClient, auth.IssueOptions{Name: "raftlockd client", Validity: d,
 					Perms: []auth.Perm{{Namespace: "*", Write: true}}}},
 				file{auth.TCClientFile, auth.RoleTCClient, auth.IssueOptions{Name: "raftlockd tcclient", Validity: d}})
-			if err := writeBundle(cmd.OutOrStdout(), caPath, ca, true); err != nil {
-				return err
-			}
 			for _, f := range files {
 				b, err := ca.Issue(f.role, f.o)
 				if err != nil {
@@ -308,7 +305,10 @@ node id <host> (as 'auth new server --node-id' binds one).`,
 					return err
 				}
 			}
-			return nil
+			// The CA last: --if-absent takes ca.pem for a finished run, so
+			// a run that stopped part way is done again in full rather than
+			// leaving the bundles it did not write missing for good.
+			return writeBundle(cmd.OutOrStdout(), caPath, ca, true)
 		},
 	}
 	f := cmd.Flags()

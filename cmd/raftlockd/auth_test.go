@@ -506,3 +506,30 @@ func TestAuthExtend(t *testing.T) {
 		t.Fatalf("without --with: %d %s", r.code, r.stderr)
 	}
 }
+
+// `auth new cluster --if-absent` (the compose file's certs service) takes
+// ca.pem for a finished run: a run that stopped part way (here a bundle it
+// could not write) leaves no ca.pem, so the next one writes every bundle
+// instead of leaving the nodes without theirs for good.
+func TestAuthNewClusterIfAbsentAfterAnUnfinishedRun(t *testing.T) {
+	t.Parallel()
+	certs := filepath.Join(t.TempDir(), "certs")
+	if err := os.MkdirAll(filepath.Join(certs, "node2.pem"), 0o700); err != nil { // not a file: writing it fails
+		t.Fatal(err)
+	}
+	args := []string{"auth", "new", "cluster", "--dir", certs, "--host", "node1", "--host", "node2", "--if-absent"}
+	wantFailure(t, nil, args, "node2.pem")
+	if err := os.Remove(filepath.Join(certs, "node2.pem")); err != nil {
+		t.Fatal(err)
+	}
+	out := mustCLI(t, nil, "", args...)
+	for _, f := range []string{auth.CAFile, "node1.pem", "node2.pem", auth.ClientFile, auth.TCClientFile} {
+		if _, err := os.Stat(filepath.Join(certs, f)); err != nil {
+			t.Errorf("%s after the second run: %v; it printed %q", f, err, out)
+		}
+	}
+	ca := inspect(t, filepath.Join(certs, auth.CAFile))
+	if n := inspect(t, filepath.Join(certs, "node1.pem")); n.CAFingerprint != ca.CAFingerprint {
+		t.Fatalf("node1.pem is of CA %s, ca.pem is %s", n.CAFingerprint, ca.CAFingerprint)
+	}
+}
