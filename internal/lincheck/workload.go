@@ -20,11 +20,17 @@ type Workload struct {
 	Endpoints []string // API base URL of each node
 	Names     []string // node names, for the history's metadata (optional)
 	Clients   int
-	Keys      []string
-	TTL       time.Duration // lease TTL, whole seconds
-	Block     time.Duration // how long an acquire waits for a held key, whole seconds
-	Seed      int64
-	Recorder  *Recorder
+	// Readers are clients that only read committed documents (public
+	// gets of random keys), one after another, reader i through node i
+	// modulo the nodes: with every node serving a steady stream of reads,
+	// a stale read (a node answering from its own, lagging state) or a
+	// lost commit shows in the history. Their ids follow the clients'.
+	Readers  int
+	Keys     []string
+	TTL      time.Duration // lease TTL, whole seconds
+	Block    time.Duration // how long an acquire waits for a held key, whole seconds
+	Seed     int64
+	Recorder *Recorder
 	// Think is the longest pause between two operations of a client.
 	Think time.Duration
 	// Expire is the chance that a lease holder sleeps past its TTL before
@@ -58,9 +64,13 @@ func (w *Workload) Start(stop <-chan struct{}) (wait func()) {
 	hc := &http.Client{Transport: tr}
 	seeds := rand.New(rand.NewSource(w.Seed))
 	var wg sync.WaitGroup
-	for i := 0; i < w.Clients; i++ {
+	for i := 0; i < w.Clients+w.Readers; i++ {
 		r := rand.New(rand.NewSource(seeds.Int63()))
 		node := r.Intn(len(w.Endpoints))
+		reader := i >= w.Clients
+		if reader {
+			node = (i - w.Clients) % len(w.Endpoints)
+		}
 		c, err := client.New(w.Endpoints[node], client.WithRetry(0), client.WithHTTPClient(hc))
 		if err != nil {
 			panic(err) // endpoints are URLs the cluster gave us
@@ -72,7 +82,11 @@ func (w *Workload) Start(stop <-chan struct{}) (wait func()) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			k.run()
+			if reader {
+				k.read()
+			} else {
+				k.run()
+			}
 		}()
 	}
 	return func() {
@@ -149,6 +163,17 @@ func (k *worker) run() {
 		default:
 			k.release(true)
 		}
+	}
+}
+
+// read is a reader's loop: public gets of random keys.
+func (k *worker) read() {
+	for !k.stopped() {
+		k.sleep(time.Duration(1 + k.r.Int63n(int64(k.w.Think))))
+		if k.stopped() {
+			return
+		}
+		k.publicGet(k.key())
 	}
 }
 
@@ -298,10 +323,10 @@ func (k *worker) release(rollback bool) {
 // FinalReads reads every key's committed document once the cluster has
 // healed, through any node that answers (dialed directly, not through
 // Dial), and records the reads as the operations of one more client (id
-// Clients). They anchor the end of the history: every acknowledged commit
+// Clients+Readers). They anchor the end of the history: every acknowledged commit
 // must be visible.
 func (w *Workload) FinalReads(within time.Duration) error {
-	rec, endpoints, names, id := w.Recorder, w.Endpoints, w.Names, w.Clients
+	rec, endpoints, names, id := w.Recorder, w.Endpoints, w.Names, w.Clients+w.Readers
 	tr := &http.Transport{DialContext: (&net.Dialer{Timeout: time.Second}).DialContext, TLSClientConfig: w.TLS}
 	defer tr.CloseIdleConnections()
 	deadline := time.Now().Add(within)
