@@ -115,7 +115,7 @@ func (c *Client) RestoreSnapshot(ctx context.Context, src io.ReadSeeker, size in
 // RestoreSnapshotSHA256 is RestoreSnapshot for a caller that knows src's
 // SHA-256 (hex) already, so that src is not read an extra time for it.
 func (c *Client) RestoreSnapshotSHA256(ctx context.Context, src io.ReadSeeker, size int64, sum string, progress Progress) (*wire.RestoreResponse, error) {
-	base := c.base
+	base := c.endpoint()
 	deadline := time.Now().Add(c.retryFor)
 	backoff := 50 * time.Millisecond
 	for redirects := 0; ; {

@@ -22,6 +22,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/rs/xid"
@@ -31,9 +32,12 @@ import (
 	"github.com/raftlockd/raftlockd/wire"
 )
 
-// Client talks to one raftlockd endpoint.
+// Client talks to a raftlockd cluster through one of its servers' API
+// endpoints: the first it was given until that one cannot be reached (or
+// is shutting down, or knows no leader), then the next.
 type Client struct {
-	base      string
+	bases     []string
+	cur       atomic.Int64 // index into bases of the server in use
 	http      *http.Client
 	namespace string
 	retryFor  time.Duration
@@ -81,22 +85,33 @@ func WithNamespace(ns string) Option { return func(c *Client) { c.namespace = ns
 // leader or the connection fails (default 10s; 0 disables retries).
 func WithRetry(d time.Duration) Option { return func(c *Client) { c.retryFor = d } }
 
-// New returns a client for baseURL (for example http://127.0.0.1:9341).
-// A URL without a scheme gets http://.
+// New returns a client for baseURL (for example http://127.0.0.1:9341),
+// or for several servers of one cluster given as a comma-separated list
+// (https://a:9341,https://b:9341,https://c:9341): a call goes to the server
+// in use, and when that one cannot be reached, is shutting down or knows
+// no leader, the client moves on to the next and tries the call there
+// (within what WithRetry allows; a server that cannot be reached costs no
+// backoff while another is left to try). A URL without a scheme gets
+// http://.
 func New(baseURL string, opts ...Option) (*Client, error) {
-	if !strings.Contains(baseURL, "://") {
-		baseURL = "http://" + baseURL
-	}
-	u, err := url.Parse(baseURL)
-	if err != nil || u.Host == "" {
-		return nil, fmt.Errorf("client: bad server URL %q", baseURL)
+	var bases []string
+	for _, b := range strings.Split(baseURL, ",") {
+		b = strings.TrimSpace(b)
+		if !strings.Contains(b, "://") {
+			b = "http://" + b
+		}
+		u, err := url.Parse(b)
+		if err != nil || u.Host == "" {
+			return nil, fmt.Errorf("client: bad server URL %q", b)
+		}
+		bases = append(bases, strings.TrimRight(u.String(), "/"))
 	}
 	// Connecting is bounded (a server that accepts but never completes the
 	// handshake, such as a stopped process, is given up on); waiting for
 	// the answer is not, since an acquire or a dequeue may wait on the
 	// server as long as it asked to.
 	dialer := &net.Dialer{Timeout: connectTimeout, KeepAliveConfig: deadPeer}
-	c := &Client{base: strings.TrimRight(u.String(), "/"), namespace: wire.DefaultNamespace, retryFor: 10 * time.Second,
+	c := &Client{bases: bases, namespace: wire.DefaultNamespace, retryFor: 10 * time.Second,
 		http: &http.Client{Transport: &http.Transport{DialContext: dialer.DialContext,
 			TLSHandshakeTimeout: connectTimeout, MaxIdleConnsPerHost: 256, IdleConnTimeout: 90 * time.Second,
 			ExpectContinueTimeout: time.Second}}}
@@ -263,8 +278,10 @@ func closeBody(resp *http.Response) {
 func (c *Client) exchange(ctx context.Context, cl call, read func(*http.Response) error) error {
 	var deadline time.Time
 	backoff := 50 * time.Millisecond
+	hops := 0 // servers tried without a pause since the last one
 	for {
-		resp, err := c.once(ctx, cl)
+		base := c.endpoint()
+		resp, err := c.once(ctx, base, cl)
 		if err == nil {
 			if err = read(resp); err == nil {
 				return nil
@@ -277,7 +294,17 @@ func (c *Client) exchange(ctx context.Context, cl call, read func(*http.Response
 		if deadline.IsZero() {
 			deadline = time.Now().Add(c.retryFor)
 		}
-		if !retryable(err, cl.idempotent) || time.Now().Add(backoff).After(deadline) {
+		moved := c.passOn(base, err) // also for the caller's next call, when this one is not resent
+		if !retryable(err, cl.idempotent) {
+			return unwrapCut(err)
+		}
+		if moved && unreachable(err) && hops < len(c.bases)-1 && ctx.Err() == nil {
+			// Nothing reached that server: the next is tried at once.
+			hops++
+			continue
+		}
+		hops = 0
+		if time.Now().Add(backoff).After(deadline) {
 			return unwrapCut(err)
 		}
 		if err := pause(ctx, backoff, unwrapCut(err)); err != nil {
@@ -285,6 +312,51 @@ func (c *Client) exchange(ctx context.Context, cl call, read func(*http.Response
 		}
 		backoff = min(backoff*2, time.Second)
 	}
+}
+
+// endpoint is the base URL of the server in use.
+func (c *Client) endpoint() string {
+	return c.bases[int(c.cur.Load()%int64(len(c.bases)))]
+}
+
+// passOn moves the client on from server base, in use when a call failed
+// with err (a retryable failure), to the next server when the failure is
+// that server's: it cannot be reached, is shutting down, knows no leader
+// or cannot serve for now. It reports whether another server is there to
+// try. Concurrent calls that fail on the same server move on once.
+func (c *Client) passOn(base string, err error) bool {
+	if len(c.bases) < 2 || !serverFailed(err) {
+		return false
+	}
+	for {
+		i := c.cur.Load()
+		if c.bases[int(i%int64(len(c.bases)))] != base || c.cur.CompareAndSwap(i, i+1) {
+			return true
+		}
+	}
+}
+
+// serverFailed reports whether a retryable failure is the server's own
+// rather than the cluster's: another server may serve the call.
+func serverFailed(err error) bool {
+	var e *Error
+	if errors.As(err, &e) {
+		switch e.Envelope.Code {
+		case errcode.ShuttingDown.Code, errcode.NoLeader.Code, errcode.NotLeader.Code, errcode.Unavailable.Code:
+			return true
+		}
+		return proxyError(e)
+	}
+	// The connection failed, unless the server was refused or the caller
+	// gave up.
+	return !refused(err) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+}
+
+// unreachable reports whether err is a connection to the server that
+// could not be made: the call reached no server.
+func unreachable(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
 }
 
 // unwrapCut returns the error an answer that broke off failed with.
@@ -321,8 +393,8 @@ func sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-func (c *Client) once(ctx context.Context, cl call) (*http.Response, error) {
-	u := c.base + cl.path
+func (c *Client) once(ctx context.Context, base string, cl call) (*http.Response, error) {
+	u := base + cl.path
 	if len(cl.query) > 0 {
 		u += "?" + cl.query.Encode()
 	}

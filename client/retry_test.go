@@ -98,3 +98,55 @@ func TestSaveSnapshotChecksTheServersChecksum(t *testing.T) {
 		t.Fatalf("save of a stream that does not match its checksum: %v", err)
 	}
 }
+
+// A client given several servers of a cluster moves on to the next when
+// the one it uses stops: the lease it holds is kept alive, updated and
+// released through another server, as if nothing happened.
+func TestAClientOfSeveralServersMovesOnWhenItsServerStops(t *testing.T) {
+	c := testcluster.Start(t, 3)
+	leader := c.WaitLeader(10 * time.Second)
+	first := (leader + 1) % 3 // a follower: stopping it leaves the cluster a leader
+	urls := []string{c.URL(first), c.URL((first + 1) % 3), c.URL((first + 2) % 3)}
+	cl, err := client.New(strings.Join(urls, ","), client.WithRetry(15*time.Second), client.WithHTTPClient(c.HTTPClient("client")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := cl.Acquire(ctx, wire.AcquireRequest{Key: "k", Owner: "o", TTLSeconds: 30})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Update(ctx, []byte(`{"n":1}`), client.Conditions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.Stop(first)
+	if _, err := l.KeepAlive(ctx, 0); err != nil {
+		t.Fatalf("keepalive once the client's server stopped: %v", err)
+	}
+	if _, err := l.Update(ctx, []byte(`{"n":2}`), client.Conditions{}); err != nil {
+		t.Fatalf("update once the client's server stopped: %v", err)
+	}
+	if err := l.Release(ctx, false); err != nil {
+		t.Fatalf("release once the client's server stopped: %v", err)
+	}
+	d, err := cl.GetPublic(ctx, "", "k")
+	if err != nil || string(d.Body) != `{"n":2}` {
+		t.Fatalf("the committed document: %+v, %v; want {\"n\":2}", d, err)
+	}
+}
+
+// A server of the list that cannot be reached costs a call no retry time:
+// the next is tried at once, even by a client that does not retry.
+func TestAnUnreachableServerOfTheListIsPassedOver(t *testing.T) {
+	srv := testutil.StartServer(t, testutil.Config(t, t.TempDir()))
+	down := "https://" + testutil.FreeAddr(t)
+	c := testutil.Client(t, down+","+srv.URL(), client.WithRetry(0))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range 2 {
+		if _, err := c.Describe(ctx, "", "k"); err != nil {
+			t.Fatalf("call %d with the first server of the list down: %v", i, err)
+		}
+	}
+}

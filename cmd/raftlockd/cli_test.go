@@ -1225,3 +1225,13 @@ echo "B_AFTER=$(raftlockd client get --key b)"
 	wantJSON(t, "a after the release", v["A_AFTER"], `{"a":2}`)
 	wantJSON(t, "b after the release", v["B_AFTER"], `{"b":1}`)
 }
+
+// --server takes several servers of a cluster: a command reaches the one
+// that answers.
+func TestCLIServerListPassesOverOneThatIsDown(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	env := append(srv.clientEnv(), "RAFTLOCKD_CLIENT_SERVER="+testutil.FreeAddr(t)+", "+srv.url)
+	mustCLI(t, env, "", "client", "describe", "--key", "k")
+	mustCLI(t, env, "", "client", "describe", "--key", "k", "--server", srv.url+","+testutil.FreeAddr(t))
+}

@@ -133,7 +133,8 @@ func (c *conn) register(cmd *cobra.Command, file, which string) {
 		which = file
 	}
 	pf := cmd.PersistentFlags()
-	pf.StringVar(&c.server, "server", "", fmt.Sprintf("server URL (default https://%s with a bundle, http://%[1]s without; "+
+	pf.StringVar(&c.server, "server", "", fmt.Sprintf("server URL, or several servers of one cluster, comma-separated: "+
+		"the next is used when one cannot be reached (default https://%s with a bundle, http://%[1]s without; "+
 		"a URL without a scheme gets https:// with a bundle)", defaultAPIAddr))
 	pf.StringVar(&c.bundle, "bundle", "", fmt.Sprintf("bundle (PEM: certificate, key and CA) to present and to check the server "+
 		"with (default: %s in $RAFTLOCKD_DATA_DIR/tls, else in %s, when it exists)", which, filepath.Join(config.DefaultDataDir(), "tls")))
@@ -150,15 +151,18 @@ func (c *conn) dial(cmd *cobra.Command, opts ...client.Option) (*client.Client, 
 	if err != nil {
 		return nil, err
 	}
-	url := baseURL(c.server, b != nil)
-	if b == nil {
-		if strings.HasPrefix(url, "https://") {
+	var urls []string
+	for _, s := range strings.Split(c.server, ",") {
+		url := baseURL(strings.TrimSpace(s), b != nil)
+		if b == nil && strings.HasPrefix(url, "https://") {
 			return nil, errNoBundle(url, "--bundle, "+clientEnv+"BUNDLE", file)
 		}
-	} else {
+		urls = append(urls, url)
+	}
+	if b != nil {
 		opts = append(opts, client.WithBundle(b))
 	}
-	return client.New(url, opts...)
+	return client.New(strings.Join(urls, ","), opts...)
 }
 
 // context bounds a command's calls by --timeout.
