@@ -341,15 +341,22 @@ func (c *Client) passOn(base string, err error) bool {
 func serverFailed(err error) bool {
 	var e *Error
 	if errors.As(err, &e) {
-		switch e.Envelope.Code {
-		case errcode.ShuttingDown.Code, errcode.NoLeader.Code, errcode.NotLeader.Code, errcode.Unavailable.Code:
-			return true
-		}
-		return proxyError(e)
+		return serverGoingAway(e) || proxyError(e)
 	}
 	// The connection failed, unless the server was refused or the caller
 	// gave up.
 	return !refused(err) && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+}
+
+// serverGoingAway reports whether e is a server's answer that it cannot
+// serve for now: it shuts down, knows no leader (or is not one), or is
+// unavailable.
+func serverGoingAway(e *Error) bool {
+	switch e.Envelope.Code {
+	case errcode.ShuttingDown.Code, errcode.NoLeader.Code, errcode.NotLeader.Code, errcode.Unavailable.Code:
+		return true
+	}
+	return false
 }
 
 // unreachable reports whether err is a connection to the server that

@@ -441,11 +441,7 @@ func connectionLost(err error) bool {
 func brokeOff(err error) bool {
 	var e *Error
 	if errors.As(err, &e) {
-		switch e.Envelope.Code {
-		case errcode.ShuttingDown.Code, errcode.Unavailable.Code, errcode.NoLeader.Code, errcode.NotLeader.Code:
-			return true
-		}
-		return false
+		return serverGoingAway(e)
 	}
 	// Every error of an HTTP call is a net.Error (url.Error): only a
 	// failed connection, not a server that speaks no HTTP or a URL no
