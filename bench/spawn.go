@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -267,6 +268,20 @@ func Failover(ctx context.Context, c *Cluster, rounds int) ([]time.Duration, err
 // write (an acquire) through a surviving node is acknowledged (see
 // firstAck), restarts the killed node and waits until it is ready.
 func (c *Cluster) FailoverRound(ctx context.Context, r int) (time.Duration, error) {
+	for range 10 {
+		took, err := c.failoverRound(ctx, r)
+		if !errors.Is(err, errLeaderMoved) {
+			return took, err
+		}
+	}
+	return 0, fmt.Errorf("bench: %w ten times in a row", errLeaderMoved)
+}
+
+// errLeaderMoved says leadership moved before the leader was killed:
+// killing the old one would time nothing.
+var errLeaderMoved = errors.New("leadership moved before the kill")
+
+func (c *Cluster) failoverRound(ctx context.Context, r int) (time.Duration, error) {
 	leader := -1
 	for deadline := time.Now().Add(20 * time.Second); leader < 0; {
 		if time.Now().After(deadline) {
@@ -292,10 +307,9 @@ func (c *Cluster) FailoverRound(ctx context.Context, r int) (time.Duration, erro
 		return 0, fmt.Errorf("bench: write before the kill: %w", err)
 	}
 	if now := c.Leader(); now != leader {
-		// Leadership moved (the node restarted by the round before may
-		// have called an election): killing the old leader would time
-		// nothing. Look again.
-		return c.FailoverRound(ctx, r)
+		// The node restarted by the round before may have called an
+		// election: look again.
+		return 0, errLeaderMoved
 	}
 	took, err := afterKill(ctx, func() { c.Kill(leader) }, func(ctx context.Context, i int) error {
 		_, err := cl.Acquire(ctx, wire.AcquireRequest{Key: fmt.Sprintf("failover-%d-%d-%d", r, time.Now().UnixNano(), i),

@@ -31,7 +31,8 @@ type PruneDue interface {
 //
 // A transaction past its delete-at-height that a pass keeps (a spending
 // child unmined or too recent) stays due. Once a whole cycle of passes
-// (up to the one that wraps) did nothing but keep transactions, the
+// (up to the one that wraps) did nothing but keep transactions, all of
+// them judged by one chain (a block during the cycle is work), the
 // pruner waits for the chain to move on before the next pass, or at most
 // idleIntervals intervals (a child marked mined in an old block moves no
 // chain): an idle island does not commit a prune entry every interval.
@@ -69,7 +70,12 @@ func (p *Pruner) run(ctx context.Context) {
 		idle      bool   // the last cycle of passes only kept transactions
 		idleMark  string // the chain it judged by
 		idleSince time.Time
-		worked    bool // a pass of the current cycle did something
+		// A pass of the current cycle did something. A leader's first
+		// cycle counts as work: it may begin in the middle of a cycle
+		// whose first passes an earlier leader ran on another chain.
+		worked    = true
+		cycleMark string // the chain the first pass of the current cycle judged by
+		inCycle   bool
 	)
 	for {
 		due, mark := p.due.PruneDue()
@@ -85,10 +91,16 @@ func (p *Pruner) run(ctx context.Context) {
 				}
 			default:
 				idle = false
-				worked = worked || len(res.Pruned) > 0 || res.Preserved > 0 || res.DeltasFreed > 0
+				if !inCycle {
+					cycleMark, inCycle = mark, true
+				}
+				// A cycle over which the chain moved on judged its first
+				// transactions by another chain than its last: what it
+				// kept may go on the chain it ended on.
+				worked = worked || len(res.Pruned) > 0 || res.Preserved > 0 || res.DeltasFreed > 0 || mark != cycleMark
 				if res.Wrapped {
 					idle, idleMark, idleSince = !worked, mark, time.Now()
-					worked = false
+					worked, inCycle = false, false
 				}
 			}
 		}

@@ -47,7 +47,7 @@ func NewResolver(c *Coordinator, interval, registry time.Duration) *Resolver {
 // it when leadership is lost. It does not block.
 func (r *Resolver) SetLeader(isLeader bool) { r.Set(isLeader, r.run) }
 
-// Rounds counts the completed rounds (for tests and metrics).
+// Rounds counts the rounds the loop has started (for tests and metrics).
 func (r *Resolver) Rounds() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -267,13 +267,15 @@ func (r *Resolver) launch(ctx context.Context, w *work) (next time.Time) {
 }
 
 // settle records how a job ended: work that failed is tried again after a
-// growing pause, which the loop is woken to plan.
+// growing pause, which the loop is woken to plan (as it is when work
+// succeeded: its slot is free).
 func (r *Resolver) settle(ctx context.Context, w *work, key string, err error) {
 	w.mu.Lock()
 	delete(w.busy, key)
 	if err == nil {
 		delete(w.backoff, key)
 		w.mu.Unlock()
+		r.Kick() // its slot is free for work a full round left waiting
 		return
 	}
 	b := w.backoff[key]
