@@ -112,6 +112,11 @@ type gossip struct {
 	removed map[string]string    // servers taken out of the configuration, and the run taken out: not added back until they rejoin
 	leaving map[string]string    // servers that said they are leaving (cluster leave), and the run that said it
 	config  map[string]string    // the servers of the Raft configuration when noteRemovals last looked, and their runs then
+	// displaced lists servers this leader let another take the Raft
+	// address of (containers restarted on each other's addresses): their
+	// leaving the configuration is no removal, and they are added back
+	// at the address they announce now.
+	displaced map[string]bool
 
 	self         atomic.Pointer[memberMeta]
 	joined       atomic.Bool
@@ -134,7 +139,7 @@ type gossip struct {
 func startGossip(n *Node, cfg GossipConfig) (*gossip, error) {
 	cfg.defaults()
 	g := &gossip{n: n, cfg: cfg, members: map[string]*Member{}, missing: map[string]time.Time{}, removed: map[string]string{}, leaving: map[string]string{},
-		tooManyLog: warnEvery{every: 10 * time.Second}, otherExpect: warnEvery{every: 10 * time.Second}, done: make(chan struct{})}
+		displaced: map[string]bool{}, tooManyLog: warnEvery{every: 10 * time.Second}, otherExpect: warnEvery{every: 10 * time.Second}, done: make(chan struct{})}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.self.Store(&memberMeta{ID: n.cfg.NodeID, API: cfg.APIEndpoint, Raft: n.RaftAddr(), Expect: cfg.BootstrapExpect,
 		State: n.HasState(), Backend: n.fsm.BackendHash(), Run: newBackendHash(), Format: fsm.EntryFormat, Island: true})
@@ -714,10 +719,29 @@ func (g *gossip) noteConfig(servers []raft.Server) {
 	}
 	for id, run := range g.config {
 		if _, ok := cur[id]; !ok {
+			if g.displaced[id] {
+				delete(g.displaced, id)
+				continue
+			}
 			g.removed[id] = run
 		}
 	}
 	g.config = cur
+}
+
+// displace notes (on) that servers ids leave the configuration because
+// another server takes over their Raft address (see displaced), or (off)
+// that they stay after all.
+func (g *gossip) displace(ids []string, on bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	for _, id := range ids {
+		if on {
+			g.displaced[id] = true
+		} else {
+			delete(g.displaced, id)
+		}
+	}
 }
 
 // runLocked is the run gossip announces for id ("" when it knows none).
