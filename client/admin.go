@@ -61,11 +61,18 @@ func (c *Client) ClusterLeave(ctx context.Context) (*wire.LeaveResponse, error) 
 	return &out, err
 }
 
-// RemovePeer takes server id out of the Raft configuration.
+// RemovePeer takes server id out of the Raft configuration. When the
+// request had to be resent and the resend finds id no member, an earlier
+// attempt removed it: that is its answer.
 func (c *Client) RemovePeer(ctx context.Context, id string) (*wire.RemovePeerResponse, error) {
 	body, _ := json.Marshal(wire.RemovePeerRequest{ID: id})
 	var out wire.RemovePeerResponse
-	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/cluster/remove-peer", body: body, idempotent: true}, &out)
+	var resent bool
+	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/cluster/remove-peer", body: body, idempotent: true,
+		resent: &resent}, &out)
+	if err != nil && resent && errors.Is(err, errcode.NotFound) {
+		return &wire.RemovePeerResponse{Removed: true, ID: id}, nil
+	}
 	return &out, err
 }
 

@@ -72,16 +72,7 @@ func TestLargeAnswersKeepTheConnection(t *testing.T) {
 // connection reset, a proxy cut short) is resent, as it would be had the
 // connection failed before the headers: resending it is safe.
 func TestAnIdempotentCallWhoseAnswerBreaksOffIsResent(t *testing.T) {
-	var n atomic.Int64
-	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if n.Add(1) == 1 {
-			breakOff(t, w, `{"acked":`)
-			return
-		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"acked":true}`))
-	}))
-	t.Cleanup(ts.Close)
+	ts, n := breaksOffFirst(t, `{"acked":`, http.StatusOK, `{"acked":true}`)
 	c, err := client.New(ts.URL)
 	if err != nil {
 		t.Fatal(err)
@@ -90,6 +81,24 @@ func TestAnIdempotentCallWhoseAnswerBreaksOffIsResent(t *testing.T) {
 	if err != nil || !out.Acked || n.Load() != 2 {
 		t.Fatalf("an ack whose first answer broke off: %+v, %v after %d requests; want acked after 2", out, err, n.Load())
 	}
+}
+
+// breaksOffFirst is a server whose first answer breaks off after start
+// (see breakOff) and whose next ones are status with body; n counts the
+// requests.
+func breaksOffFirst(t *testing.T, start string, status int, body string) (ts *httptest.Server, n *atomic.Int64) {
+	n = new(atomic.Int64)
+	ts = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if n.Add(1) == 1 {
+			breakOff(t, w, start)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		_, _ = w.Write([]byte(body))
+	}))
+	t.Cleanup(ts.Close)
+	return ts, n
 }
 
 // breakOff answers 200 with a JSON body of 100 bytes, sends only start of
@@ -160,5 +169,28 @@ func TestAnIdempotentCallIsRetriedAfterAProxysErrorPage(t *testing.T) {
 			t.Errorf("a proxy's %d reads as raftlockd's unavailable", status)
 		}
 		ts.Close()
+	}
+}
+
+// A remove-peer resent after an attempt whose answer was lost finds the
+// server gone: the earlier attempt removed it, which is the answer. A
+// first attempt that reached no server proves nothing of the kind.
+func TestARemovePeerResentAfterALostAnswerIsDone(t *testing.T) {
+	ts, _ := breaksOffFirst(t, `{"removed":`, http.StatusNotFound, `{"error":"not_found","detail":"server n3 is not a member"}`)
+	c, err := client.New(ts.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, err := c.RemovePeer(testCtx(t), "n3")
+	if err != nil || !out.Removed || out.ID != "n3" {
+		t.Fatalf("remove-peer resent after a lost answer: %+v, %v; want removed", out, err)
+	}
+	// Not a member, after an attempt that reached no server: not_found.
+	c, err = client.New(testutil.FreeAddr(t) + "," + ts.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.RemovePeer(testCtx(t), "n3"); !errors.Is(err, errcode.NotFound) {
+		t.Fatalf("remove-peer of a server that is no member: %v, want not_found", err)
 	}
 }

@@ -154,6 +154,10 @@ type call struct {
 	header     http.Header
 	body       []byte
 	idempotent bool // safe to resend after an ambiguous failure
+	// resent, when set, is told whether the call was sent again after an
+	// attempt that may have taken effect (it reached a server, which did
+	// not answer that it had done nothing).
+	resent *bool
 }
 
 // retryable reports whether a failed attempt may be resent: always when the
@@ -298,6 +302,9 @@ func (c *Client) exchange(ctx context.Context, cl call, read func(*http.Response
 		if !retryable(err, cl.idempotent) {
 			return unwrapCut(err)
 		}
+		if cl.resent != nil && mayHaveApplied(err) {
+			*cl.resent = true
+		}
 		if moved && unreachable(err) && hops < len(c.bases)-1 && ctx.Err() == nil {
 			// Nothing reached that server: the next is tried at once.
 			hops++
@@ -357,6 +364,19 @@ func serverGoingAway(e *Error) bool {
 		return true
 	}
 	return false
+}
+
+// mayHaveApplied reports whether a failed attempt may have taken effect:
+// it reached a server, which did not answer that nothing was done.
+func mayHaveApplied(err error) bool {
+	var e *Error
+	if errors.As(err, &e) {
+		switch e.Envelope.Code {
+		case errcode.NoLeader.Code, errcode.NotLeader.Code:
+			return false
+		}
+	}
+	return !unreachable(err)
 }
 
 // unreachable reports whether err is a connection to the server that
