@@ -565,15 +565,7 @@ func disconnectLeader(t *testing.T, c *composeCluster) {
 // bootstrap another cluster.
 func downAndUp(t *testing.T, c *composeCluster) {
 	before := commitDoc(t, c, c.endpoints[0], "down-and-up", `{"v":"before"}`)
-	type node struct {
-		i  int
-		ip string
-	}
-	var nodes []node
-	for i := range c.endpoints {
-		nodes = append(nodes, node{i, c.inspect(i, "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}")})
-	}
-	slices.SortFunc(nodes, func(a, b node) int { return -cmpIP(a.ip, b.ip) })
+	nodes := c.byAddress()
 	// `down` without -v keeps the named volumes and removes the
 	// containers: an anonymous volume of one would be left behind, out of
 	// reach of a later `down -v`.
@@ -598,7 +590,7 @@ func downAndUp(t *testing.T, c *composeCluster) {
 	c.run("up", "-d")
 	changed := 0
 	for _, n := range nodes {
-		if now := c.inspect(n.i, "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"); now != n.ip {
+		if now := c.address(n.i); now != n.ip {
 			changed++
 			t.Logf("%s: address %s, was %s", c.service(n.i), now, n.ip)
 		}
@@ -606,19 +598,7 @@ func downAndUp(t *testing.T, c *composeCluster) {
 	if changed == 0 {
 		t.Log("every node came back with its old address")
 	}
-	for i := range c.endpoints {
-		c.waitHealthy(i, 90*time.Second)
-	}
-	t.Logf("`down` and `up -d`: three nodes healthy %s later", time.Since(upAt).Round(time.Millisecond))
-	for i, ep := range c.endpoints {
-		d, err := c.client(ep).GetPublic(c.ctx, "", "down-and-up")
-		if err != nil || string(d.Body) != `{"v":"before"}` {
-			t.Fatalf("%s: down-and-up after `down` and `up -d`: %q, %v", c.service(i), d.Body, err)
-		}
-	}
-	if after := commitDoc(t, c, c.endpoints[2], "down-and-up", `{"v":"after"}`); after <= before {
-		t.Fatalf("fencing token %d after `down` and `up -d`, but %d was issued before", after, before)
-	}
+	c.cameBack("`down` and `up -d`", upAt, "down-and-up", before, 2)
 }
 
 // startOnOthersAddresses stops every node (`stop`: the containers and
@@ -631,21 +611,13 @@ func downAndUp(t *testing.T, c *composeCluster) {
 // committed before is there.
 func startOnOthersAddresses(t *testing.T, c *composeCluster) {
 	before := commitDoc(t, c, c.endpoints[0], "swapped", `{"v":"before"}`)
-	type node struct {
-		i  int
-		ip string
-	}
-	var nodes []node
-	for i := range c.endpoints {
-		nodes = append(nodes, node{i, c.inspect(i, "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}")})
-	}
-	slices.SortFunc(nodes, func(a, b node) int { return -cmpIP(a.ip, b.ip) })
+	nodes := c.byAddress()
 	c.run("stop", "-t", "10")
 	first := nodes[0].i
 	startedAt := time.Now()
 	mustRun(t, c.ctx, nil, "docker", "start", c.container(first))
-	ip := c.inspect(first, "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}")
-	took := slices.IndexFunc(nodes, func(n node) bool { return n.ip == ip && n.i != first })
+	ip := c.address(first)
+	took := slices.IndexFunc(nodes, func(n addressed) bool { return n.ip == ip && n.i != first })
 	if took < 0 {
 		t.Logf("%s came back alone on %s, no other node's address (was %s); the case is not exercised", c.service(first), ip,
 			nodes[0].ip)
@@ -662,18 +634,49 @@ func startOnOthersAddresses(t *testing.T, c *composeCluster) {
 	for _, n := range nodes[1:] {
 		mustRun(t, c.ctx, nil, "docker", "start", c.container(n.i))
 	}
+	c.cameBack("`stop`, then `start` on each other's addresses", startedAt, "swapped", before, first)
+}
+
+// addressed is a node (index) and its address on the compose network.
+type addressed struct {
+	i  int
+	ip string
+}
+
+// address is node i's address on the compose network.
+func (c *composeCluster) address(i int) string {
+	return c.inspect(i, "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}")
+}
+
+// byAddress lists the nodes with their addresses, the highest first.
+func (c *composeCluster) byAddress() []addressed {
+	var nodes []addressed
+	for i := range c.endpoints {
+		nodes = append(nodes, addressed{i, c.address(i)})
+	}
+	slices.SortFunc(nodes, func(a, b addressed) int { return -cmpIP(a.ip, b.ip) })
+	return nodes
+}
+
+// cameBack checks the cluster after what (begun at since): every node
+// becomes healthy, each serves key as committed before (`{"v":"before"}`,
+// under fencing token before), and a new commit through node via gets a
+// larger token.
+func (c *composeCluster) cameBack(what string, since time.Time, key string, before int64, via int) {
+	t := c.t
+	t.Helper()
 	for i := range c.endpoints {
 		c.waitHealthy(i, 90*time.Second)
 	}
-	t.Logf("`stop`, then `start` on each other's addresses: three nodes healthy %s later", time.Since(startedAt).Round(time.Millisecond))
+	t.Logf("%s: three nodes healthy %s later", what, time.Since(since).Round(time.Millisecond))
 	for i, ep := range c.endpoints {
-		d, err := c.client(ep).GetPublic(c.ctx, "", "swapped")
+		d, err := c.client(ep).GetPublic(c.ctx, "", key)
 		if err != nil || string(d.Body) != `{"v":"before"}` {
-			t.Fatalf("%s: swapped after `stop` and `start`: %q, %v", c.service(i), d.Body, err)
+			t.Fatalf("%s: %s after %s: %q, %v", c.service(i), key, what, d.Body, err)
 		}
 	}
-	if after := commitDoc(t, c, c.endpoints[first], "swapped", `{"v":"after"}`); after <= before {
-		t.Fatalf("fencing token %d after `stop` and `start`, but %d was issued before", after, before)
+	if after := commitDoc(t, c, c.endpoints[via], key, `{"v":"after"}`); after <= before {
+		t.Fatalf("fencing token %d after %s, but %d was issued before", after, what, before)
 	}
 }
 
