@@ -106,17 +106,13 @@ type gossip struct {
 	selfAddr string              // the address this node gossips at, read once at start
 	keyring  *memberlist.Keyring // nil when gossip is not encrypted
 
-	mu      sync.Mutex
-	members map[string]*Member
-	missing map[string]time.Time // servers in the Raft configuration never seen alive, since when
-	removed map[string]string    // servers taken out of the configuration, and the run taken out: not added back until they rejoin
-	leaving map[string]string    // servers that said they are leaving (cluster leave), and the run that said it
-	config  map[string]string    // the servers of the Raft configuration when noteRemovals last looked, and their runs then
-	// displaced lists servers this leader let another take the Raft
-	// address of (containers restarted on each other's addresses): their
-	// leaving the configuration is no removal, and they are added back
-	// at the address they announce now.
-	displaced map[string]bool
+	mu         sync.Mutex
+	members    map[string]*Member
+	missing    map[string]time.Time // servers in the Raft configuration never seen alive, since when
+	removed    map[string]string    // servers taken out of the configuration, and the run taken out: not added back until they rejoin
+	leaving    map[string]string    // servers that said they are leaving (cluster leave), and the run that said it
+	config     map[string]string    // the servers of the Raft configuration when noteRemovals last looked, and their runs then
+	configAddr map[string]string    // the Raft addresses of those servers then
 
 	self         atomic.Pointer[memberMeta]
 	joined       atomic.Bool
@@ -139,7 +135,7 @@ type gossip struct {
 func startGossip(n *Node, cfg GossipConfig) (*gossip, error) {
 	cfg.defaults()
 	g := &gossip{n: n, cfg: cfg, members: map[string]*Member{}, missing: map[string]time.Time{}, removed: map[string]string{}, leaving: map[string]string{},
-		displaced: map[string]bool{}, tooManyLog: warnEvery{every: 10 * time.Second}, otherExpect: warnEvery{every: 10 * time.Second}, done: make(chan struct{})}
+		tooManyLog: warnEvery{every: 10 * time.Second}, otherExpect: warnEvery{every: 10 * time.Second}, done: make(chan struct{})}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.self.Store(&memberMeta{ID: n.cfg.NodeID, API: cfg.APIEndpoint, Raft: n.RaftAddr(), Expect: cfg.BootstrapExpect,
 		State: n.HasState(), Backend: n.fsm.BackendHash(), Run: newBackendHash(), Format: fsm.EntryFormat, Island: true})
@@ -714,34 +710,27 @@ func (g *gossip) noteConfig(servers []raft.Server) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	cur := make(map[string]string, len(servers))
+	addrs := make(map[string]string, len(servers))
 	for _, s := range servers {
 		cur[string(s.ID)] = g.runLocked(string(s.ID))
+		addrs[string(s.ID)] = string(s.Address)
 	}
 	for id, run := range g.config {
-		if _, ok := cur[id]; !ok {
-			if g.displaced[id] {
-				delete(g.displaced, id)
-				continue
-			}
+		if _, ok := cur[id]; !ok && !g.movedLocked(id) {
 			g.removed[id] = run
 		}
 	}
-	g.config = cur
+	g.config, g.configAddr = cur, addrs
 }
 
-// displace notes (on) that servers ids leave the configuration because
-// another server takes over their Raft address (see displaced), or (off)
-// that they stay after all.
-func (g *gossip) displace(ids []string, on bool) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	for _, id := range ids {
-		if on {
-			g.displaced[id] = true
-		} else {
-			delete(g.displaced, id)
-		}
-	}
+// movedLocked tells whether server id, which left the configuration, is
+// alive at another Raft address than the one the configuration held: it
+// was taken out because another server took its old address over
+// (containers restarted on each other's addresses), not removed, and is
+// added back at its new address.
+func (g *gossip) movedLocked(id string) bool {
+	m := g.members[id]
+	return m != nil && m.Status == "alive" && m.RaftAddr != "" && m.RaftAddr != g.configAddr[id]
 }
 
 // runLocked is the run gossip announces for id ("" when it knows none).

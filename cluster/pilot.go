@@ -191,20 +191,9 @@ func (p *pilot) addNewServers() {
 				"raft", m.RaftAddr, "answered_as", st.NodeID, "error", err)
 			continue
 		}
-		// A server of the configuration at that address moved elsewhere
-		// (autopilot takes it out to give m the address): it comes back
-		// at the address it announces, as it was not removed.
-		var displaced []string
-		for _, s := range servers {
-			if s.Address == raft.ServerAddress(m.RaftAddr) && s.ID != raft.ServerID(m.ID) {
-				displaced = append(displaced, string(s.ID))
-			}
-		}
-		p.g.displace(displaced, true)
 		err = p.ap.AddServer(&autopilot.Server{ID: raft.ServerID(m.ID), Name: m.ID, Address: raft.ServerAddress(m.RaftAddr),
 			NodeStatus: autopilot.NodeAlive, NodeType: autopilot.NodeVoter, RaftVersion: raft.ProtocolVersionMax})
 		if err != nil {
-			p.g.displace(displaced, false)
 			p.g.n.cfg.Logger.Warn("adding server failed", "id", m.ID, "error", err)
 		} else {
 			p.g.n.cfg.Logger.Info("added server", "id", m.ID, "raft", m.RaftAddr)
