@@ -28,6 +28,20 @@ func (v *View) Delivering(ns, queue, id, leaseID string) bool {
 	return m.Lease != nil && m.Lease.ID == leaseID
 }
 
+// DeliveryEnd returns where the delivery r names went when it ended (back
+// in its queue, to the dead-letter queue, dropped for its time to live), as
+// the nack that ended it answers, and whether its end is recorded (for the
+// decision retention). A delivery that was acknowledged is not reported.
+func (v *View) DeliveryEnd(r MessageRef) (*QueueResult, bool) {
+	var end deliveryEnd
+	if r.ID == "" || r.LeaseID == "" || validQueue(r.Namespace, r.Queue) != nil ||
+		!v.getJSON(bucketQEnded, endedKey(msgKey(r.Namespace, r.Queue, r.ID), r.LeaseID), &end) ||
+		end.Acked || (r.Token != 0 && r.Token != end.Token) {
+		return nil, false
+	}
+	return end.outcome(), true
+}
+
 // DecideAddsIslands reports whether a decide on a decided transaction adds
 // the other islands it names to the record (from rules of format 7 on);
 // before that it changes nothing.

@@ -460,9 +460,28 @@ func (q *Queues) Nack(ctx context.Context, ref MessageRef, p NackParams) (*fsm.Q
 		return nil, err
 	}
 	if res.Queue == nil {
-		return &fsm.QueueResult{Requeued: true}, nil
+		// The transaction's coordinator rolled it back, which ended the
+		// delivery here: its end record says where the message went.
+		return q.deliveryEnd(ctx, r), nil
 	}
 	return res.Queue, nil
+}
+
+// deliveryEnd answers where delivery r went when it ended, from the record
+// the step that ended it left; without one (or without a state to read it
+// from) the message is taken to be back in its queue.
+func (q *Queues) deliveryEnd(ctx context.Context, r fsm.MessageRef) *fsm.QueueResult {
+	out := &fsm.QueueResult{Requeued: true}
+	read := func(v *fsm.View) error {
+		if end, ok := v.DeliveryEnd(r); ok {
+			out = end
+		}
+		return nil
+	}
+	if err := q.store.Read(ctx, read); err != nil && ctx.Err() == nil {
+		_ = q.store.ReadStale(ctx, read)
+	}
+	return out
 }
 
 // Extend extends a delivery's lease (and its sidecar's) to now + by

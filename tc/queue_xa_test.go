@@ -198,3 +198,48 @@ func TestACoordinatedSidecarIsDecidedOnlyByItsCoordinator(t *testing.T) {
 		t.Fatalf("after the commit ka=%q, sidecar=%q", ka, sc)
 	}
 }
+
+// A nack of a delivery whose transaction spans islands is the rollback of
+// that transaction by its coordinator; its answer says where the rollback
+// put the message: after its last allowed attempt, in the dead-letter
+// queue, not back in its own. So whether the delivery's island is another
+// island's participant or the transaction's home.
+func TestACoordinatedNackSaysWhereTheMessageWent(t *testing.T) {
+	a, b := startIsland(t, "a"), startIsland(t, "b")
+	register(t, a, b)
+	ctx := context.Background()
+	for _, c := range []struct {
+		name       string
+		home, keys *island // the coordinating island, and the one holding the key
+		queues     *island // the island of the queue
+	}{
+		{"participant", a, a, b},
+		{"home", a, b, a},
+	} {
+		queue := "in-" + c.name
+		if _, err := c.queues.client().Enqueue(ctx, wire.EnqueueRequest{Queue: queue, MaxAttempts: 1}, []byte("job")); err != nil {
+			t.Fatal(err)
+		}
+		txn := xid.New().String()
+		d := dequeue(t, c.queues.client(), queue, txn)
+		stage(t, acquire(t, c.keys.client(), "k-"+c.name, txn, "w"), `{"done":1}`)
+		if _, err := c.home.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStatePending,
+			Participants: []wire.TxnParticipant{part("k-"+c.name, c.keys), msgPart(queue, d.Message.MessageID, c.queues)}}); err != nil {
+			t.Fatalf("%s: prepare: %v", c.name, err)
+		}
+		out, err := d.Nack(ctx, wire.NackIntentFailure, 0, nil)
+		if err != nil {
+			t.Fatalf("%s: nack: %v", c.name, err)
+		}
+		if r := c.home.record(txn); r == nil || r.State != fsm.TxnRollback {
+			t.Fatalf("%s: the coordinator did not roll back: %+v", c.name, r)
+		}
+		if st := stats(t, c.queues.client(), queue); st.Ready != 0 || st.DeadLetterReady != 1 {
+			t.Fatalf("%s: the message is not dead-lettered: %+v", c.name, st)
+		}
+		if out.Requeued || out.DeadLetterQueue != queue+".dlq" {
+			t.Fatalf("%s: the nack answered %+v for a message moved to %s.dlq", c.name, out, queue)
+		}
+	}
+	clean(t, a, b)
+}
