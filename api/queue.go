@@ -493,6 +493,10 @@ func (h *handler) queueDequeue(withState bool) func(http.ResponseWriter, *http.R
 		}
 		mw := startMultipart(w)
 		if err := h.writeDelivery(r.Context(), mw, d, req); err != nil {
+			// The client went away while the delivery was written: it
+			// did not get all of it, so it goes back, as when the client
+			// left before.
+			h.abandon(d)
 			return err
 		}
 		return mw.Close()
