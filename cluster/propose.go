@@ -124,6 +124,7 @@ func (n *Node) Propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, erro
 			}
 			return nil, err
 		}
+		reply.Err = reply.err()
 		// The node we reached stopped leading before proposing anything:
 		// ask again who leads, a few times.
 		if reply.Err != nil && reply.Err.Code == errcode.NotLeader.Code && attempt < 3 {

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net"
@@ -28,10 +29,41 @@ type ProposeArgs struct {
 	Timeout  int64
 }
 
-// ProposeReply carries the leader's result.
+// ProposeReply carries the leader's result. ErrJSON is Err in JSON: gob
+// drops a pointer to a zero value, such as a failed UTXO item's vin or
+// input 0, which JSON keeps. A build that sends no ErrJSON is read by its
+// Err alone.
 type ProposeReply struct {
-	Result *fsm.Result
-	Err    *errcode.Error
+	Result  *fsm.Result
+	Err     *errcode.Error
+	ErrJSON []byte
+}
+
+// setErr sets the reply's error in both its forms.
+func (r *ProposeReply) setErr(e *errcode.Error) {
+	r.Err, r.ErrJSON = e, nil
+	if e == nil {
+		return
+	}
+	if raw, err := json.Marshal(e); err == nil {
+		r.ErrJSON = raw
+	}
+}
+
+// err is the leader's error as it was sent, from ErrJSON when there is
+// one; the result's own copy of a rejection is replaced by it too.
+func (r *ProposeReply) err() *errcode.Error {
+	if r.Err == nil || len(r.ErrJSON) == 0 {
+		return r.Err
+	}
+	var e errcode.Error
+	if json.Unmarshal(r.ErrJSON, &e) != nil || e.Code != r.Err.Code {
+		return r.Err
+	}
+	if r.Result != nil && r.Result.Err != nil {
+		r.Result.Err = &e
+	}
+	return &e
 }
 
 // ReadIndexArgs asks the leader for a read index.
@@ -106,15 +138,16 @@ func (s *rpcService) Propose(args ProposeArgs, reply *ProposeReply) error {
 	defer cancel()
 	cmd, err := fsm.Decode(args.Command)
 	if err != nil {
-		reply.Err = asErr(err)
+		reply.setErr(asErr(err))
 		return nil
 	}
 	if !s.n.IsLeader() {
-		reply.Err = s.n.notLeader()
+		reply.setErr(s.n.notLeader())
 		return nil
 	}
 	res, err := s.n.proposeLocal(ctx, cmd)
-	reply.Result, reply.Err = res, asErr(err)
+	reply.Result = res
+	reply.setErr(asErr(err))
 	return nil
 }
 
