@@ -122,6 +122,13 @@ func (n *Node) Propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, erro
 			if n.retryUndelivered(ctx, err, start) {
 				continue
 			}
+			// A withdrawal of the request waits for the leader's answer
+			// to it only while that leader leads.
+			var u unanswered
+			if errors.As(err, &u) {
+				u.n, u.addr = n, addr
+				err = u
+			}
 			return nil, err
 		}
 		reply.Err = reply.err()

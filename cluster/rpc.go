@@ -309,7 +309,40 @@ func (p *peers) callOnce(ctx context.Context, addr, method string, args, reply a
 			p.drop(addr, c)
 			return movedError(method, addr)
 		}
-		return fmt.Errorf("cluster: %s to %s: %w", method, addr, ctx.Err())
+		return unanswered{err: fmt.Errorf("cluster: %s to %s: %w", method, addr, ctx.Err()), done: call.Done}
+	}
+}
+
+// unanswered is the failure of a call its caller stopped waiting for
+// (its context ended) after it was sent: the peer may still carry it out.
+// The peer serves each call of a connection on a goroutine of its own, so
+// a call sent after this one, such as the withdrawal of a waiting acquire,
+// could be carried out before it; AwaitAnswer lets the caller wait for
+// this call's answer first. A proposal's names the node that forwarded it
+// and the leader it went to (n, addr).
+type unanswered struct {
+	err  error
+	done <-chan *rpc.Call
+	n    *Node
+	addr raft.ServerAddress
+}
+
+func (u unanswered) Error() string { return u.err.Error() }
+func (u unanswered) Unwrap() error { return u.err }
+
+// AwaitAnswer waits until the peer has answered the call (or its
+// connection has failed), or until ctx ends; for a proposal, no longer
+// than a leader that vanished is waited for (leaderBound): a later
+// proposal goes to its successor, whose log holds whatever it took up.
+func (u unanswered) AwaitAnswer(ctx context.Context) {
+	if u.n != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = u.n.leaderBound(ctx, u.addr)
+		defer cancel()
+	}
+	select {
+	case <-u.done:
+	case <-ctx.Done():
 	}
 }
 

@@ -171,6 +171,7 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 		// The acquire may have been applied all the same: a queued request
 		// nobody waits for must leave the queue.
 		if wait > 0 && mayStandInLine(res, err) {
+			awaitAnswer(ctx, err)
 			if res, cerr := k.withdraw(ctx, ns, key, req, attempt); cerr == nil && res.Lease != nil {
 				return res.Lease, nil
 			}
@@ -265,6 +266,22 @@ func (e nothingQueued) Unwrap() error { return e.error }
 func mayStandInLine(res *fsm.Result, err error) bool {
 	var nq nothingQueued
 	return res == nil && !errors.As(err, &nq)
+}
+
+// awaitAnswer waits, for at most ten seconds whatever became of ctx, for
+// the leader's answer to a forwarded request that failed with err before
+// it came (the store's error then has an AwaitAnswer method). The request
+// may still be applied, and its withdrawal, sent before the leader took
+// the request up, could be applied first and find nothing to withdraw,
+// leaving the request in line for nobody.
+func awaitAnswer(ctx context.Context, err error) {
+	var pending interface{ AwaitAnswer(ctx context.Context) }
+	if !errors.As(err, &pending) {
+		return
+	}
+	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	pending.AwaitAnswer(actx)
 }
 
 // withdraw takes the acquire attempt out of the key's queue, whatever

@@ -327,6 +327,7 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 		// a wait, or the queue would look empty while the message stays
 		// leased to nobody.
 		if mayStandInLine(res, err) {
+			awaitAnswer(ctx, err)
 			if res, cerr := q.withdraw(ctx, ns, queue, req); cerr == nil && res.Queue != nil && res.Queue.Message != nil {
 				return q.fetch(ctx, res.Queue.Message)
 			}
