@@ -256,7 +256,20 @@ func (h *handler) forwardRestore(w http.ResponseWriter, r *http.Request, body *u
 	if r.ContentLength == 0 {
 		rd = http.NoBody
 	}
-	req, err := http.NewRequestWithContext(r.Context(), http.MethodPost, target, rd)
+	// A leader that stops answering in the middle of the upload (a paused
+	// process, a cut network) is not waited for past its successor's
+	// election.
+	ctx := r.Context()
+	if h.LeaderOf != nil {
+		id, current := h.LeaderOf.Leader()
+		if id == "" || current != endpoint {
+			return &forwardAgain{why: fmt.Sprintf("%s no longer leads", endpoint)}
+		}
+		var done context.CancelFunc
+		ctx, done = h.LeaderOf.WhileLeads(ctx, id)
+		defer done()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, target, rd)
 	if err != nil {
 		return &forwardAgain{why: fmt.Sprintf("the leader's endpoint %q: %v", endpoint, err)}
 	}
@@ -280,6 +293,9 @@ func (h *handler) forwardRestore(w http.ResponseWriter, r *http.Request, body *u
 			// Nothing was sent: asking again who leads is safe.
 			h.Logger.Warn("forwarding a snapshot restore", "leader", endpoint, "error", err)
 			return &forwardAgain{why: fmt.Sprintf("%s: %v", endpoint, err)}
+		}
+		if ctx.Err() != nil {
+			err = context.Cause(ctx)
 		}
 		ue := errcode.Unavailable.With("forwarding the snapshot to the leader at %s failed after %d bytes: %v",
 			endpoint, body.bytes(), err)
