@@ -162,6 +162,7 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 		Node: k.node.ID, Run: k.node.Run}
 	events, unregister := k.waits.register(req, attempt, waitAcquire)
 	defer unregister()
+	until := time.Now().Add(wait)
 	res, ev, err := proposeAndWait(ctx, k.store, wait, events, func(left int64) *fsm.Command {
 		cmd.Wait = left
 		return &fsm.Command{Op: fsm.OpAcquire, Acquire: cmd}
@@ -172,7 +173,7 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 		// nobody waits for must leave the queue.
 		if wait > 0 && mayStandInLine(res, err) {
 			awaitAnswer(ctx, err)
-			if res, cerr := k.withdraw(ctx, ns, key, req, attempt); cerr == nil && res.Lease != nil {
+			if res, cerr := k.withdraw(ctx, ns, key, req, attempt, until); cerr == nil && res.Lease != nil {
 				return res.Lease, nil
 			}
 		}
@@ -185,7 +186,7 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 		return nil, ev.Err
 	}
 	// Stop waiting: leave the queue, unless the lease arrived meanwhile.
-	res, err = k.withdraw(ctx, ns, key, req, attempt)
+	res, err = k.withdraw(ctx, ns, key, req, attempt, until)
 	if err != nil {
 		return nil, err
 	}
@@ -286,9 +287,36 @@ func awaitAnswer(ctx context.Context, err error) {
 
 // withdraw takes the acquire attempt out of the key's queue, whatever
 // became of ctx; the answer holds the lease when it was granted first.
-func (k *Keys) withdraw(ctx context.Context, ns, key, req, attempt string) (*fsm.Result, error) {
-	return proposeDetached(ctx, k.store, &fsm.Command{Op: fsm.OpCancelWait,
-		CancelWait: &fsm.CancelWaitCmd{Namespace: ns, Key: key, RequestID: req, Attempt: attempt}})
+// The attempt may wait in the queue until about until: while no leader
+// takes the withdrawal (an election, a partition longer than the node
+// waits for a leader), it is sent again until then, or a release after the
+// outage would grant the key to a client that is gone, for its whole TTL.
+func (k *Keys) withdraw(ctx context.Context, ns, key, req, attempt string, until time.Time) (*fsm.Result, error) {
+	return proposeUntil(ctx, k.store, &fsm.Command{Op: fsm.OpCancelWait,
+		CancelWait: &fsm.CancelWaitCmd{Namespace: ns, Key: key, RequestID: req, Attempt: attempt}}, until.Add(withdrawSlack))
+}
+
+// withdrawSlack is how long after its wait ran out on this server a queued
+// request is still taken to wait in the replicated state, whose deadline
+// was stamped by the leader when it applied the request.
+const withdrawSlack = 2 * time.Second
+
+// proposeUntil proposes cmd, which must be idempotent, as proposeDetached
+// does, and again, with growing pauses, while it failed without reaching
+// the state machine and until has not passed. A server shutting down
+// stops trying: its next start withdraws what it left waiting
+// (fsm.DropWaitsCmd).
+func proposeUntil(ctx context.Context, s Store, cmd *fsm.Command, until time.Time) (*fsm.Result, error) {
+	pause := 50 * time.Millisecond
+	for {
+		res, err := proposeDetached(ctx, s, cmd)
+		if err == nil || res != nil || errors.Is(err, errcode.ShuttingDown) ||
+			errors.Is(context.Cause(ctx), errcode.ShuttingDown) || time.Now().Add(pause).After(until) {
+			return res, err
+		}
+		time.Sleep(pause)
+		pause = min(2*pause, time.Second)
+	}
 }
 
 // proposeDetached proposes cmd whatever became of ctx (a request that stops

@@ -1,0 +1,56 @@
+package testcluster
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/raftlockd/raftlockd/wire"
+)
+
+// A blocked acquirer whose client goes away while its server cannot reach
+// a leader (for longer than the server waits for one) still leaves the
+// key's queue once a leader is back: the next release does not hand the
+// key to nobody for the waiter's whole TTL.
+func TestAWaiterWhoseClientLeftDuringAnOutageIsNotGrantedTheKey(t *testing.T) {
+	c := Start(t, 3)
+	leader := c.WaitLeader(10 * time.Second)
+	rest := others(c, leader)
+	waiterNode, other := rest[0], rest[1]
+	held := acquire(t, c.Client(leader), "k", 60)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Client(waiterNode).Acquire(ctx, wire.AcquireRequest{Key: "k", Owner: "gone", TTLSeconds: 60, BlockSecs: 30})
+		done <- err
+	}()
+	waitQueued(t, c.Client(leader), "k", 1)
+
+	// The waiter's server is cut off from the others, which keep a
+	// quorum; its client gives up meanwhile.
+	c.Partition([]int{waiterNode}, []int{leader, other})
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("the cancelled acquire got the lease")
+	}
+	// The outage lasts longer than the server waits for a leader.
+	time.Sleep(c.Nodes[waiterNode].Config.LeaderWait + time.Second)
+	c.Heal()
+
+	waitFor(t, 15*time.Second, "the waiter to leave the queue", func() bool {
+		d, err := c.Client(leader).Describe(context.Background(), "", "k")
+		return err == nil && d.Waiters == 0
+	})
+	if _, err := c.RetryingClient(leader).Release(context.Background(), held.Ref(), false); err != nil {
+		t.Fatal(err)
+	}
+	d, err := c.RetryingClient(leader).Describe(context.Background(), "", "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d.LeaseID != "" {
+		t.Fatalf("the key went to the acquirer whose client left: %+v", d)
+	}
+}
