@@ -178,3 +178,80 @@ func TestTheCorrectionFollowsAStepOfThisNodesClock(t *testing.T) {
 		t.Fatalf("after a probe of each peer since the step, this node's corrected clock is %v off", off)
 	}
 }
+
+// A leader whose clock stepped ahead stamps with it only until it has
+// measured its peers: from then on it stamps the members' median time
+// again (the replicated clock holding still until that time reaches what
+// it stamped), in this term and when it leads again. Were it to go on from
+// its own stamps, every lease it judged would end early by the step, and
+// every expiry it handed out would be that much ahead of real time.
+func TestALeaderFollowsItsCorrectionOnceItHasMeasured(t *testing.T) {
+	first := gossipConfig(t, "n1", 3, nil)
+	join := []string{first.Gossip.Bind}
+	cfgs := []Config{first, gossipConfig(t, "n2", 3, join), gossipConfig(t, "n3", 3, join)}
+	clocks := map[string]*skewedClock{}
+	var nodes []*Node
+	for _, cfg := range cfgs {
+		c := &skewedClock{}
+		cfg.Clock, clocks[cfg.NodeID] = c, c
+		nodes = append(nodes, openNode(t, cfg))
+	}
+	byID := func(id string) *Node {
+		for _, n := range nodes {
+			if n.ID() == id {
+				return n
+			}
+		}
+		t.Fatalf("no node %s", id)
+		return nil
+	}
+	leadOn := func(id string) *Node {
+		t.Helper()
+		target := byID(id)
+		waitFor(t, 10*time.Second, id+" to lead", func() bool {
+			l := leaderOf(t, nodes)
+			if l == target {
+				return true
+			}
+			_ = l.raft.LeadershipTransferToServer(raft.ServerID(id), raft.ServerAddress(target.RaftAddr())).Error()
+			return leaderOf(t, nodes) == target
+		})
+		return target
+	}
+	n1 := leadOn("n1")
+	off := func(n *Node) time.Duration { return n.Now().Sub(time.Now()) }
+	corrected := func(id string, want time.Duration) bool {
+		return (byID(id).clocks.Offset() - want).Abs() < 250*time.Millisecond
+	}
+	waitFor(t, 10*time.Second, "n1 to measure its peers", func() bool {
+		n1.clocks.mu.Lock()
+		measured := len(n1.clocks.peers)
+		n1.clocks.mu.Unlock()
+		return measured >= 2 && corrected("n1", 0)
+	})
+
+	// n1's clock steps 3 s ahead; it stamps a command before its next
+	// probes show the step.
+	const step = 3 * time.Second
+	clocks["n1"].off.Store(int64(step))
+	acquire(t, n1, "stamped-ahead")
+	if ahead := time.Duration(n1.fsm.Now()-time.Now().UnixMilli()) * time.Millisecond; ahead < step/2 {
+		t.Fatalf("n1 measured the step before stamping (replicated clock %v ahead)", ahead)
+	}
+	waitFor(t, 10*time.Second, "n1 to correct its clock", func() bool { return corrected("n1", -step) })
+	waitFor(t, 10*time.Second, "real time to reach the replicated clock", func() bool {
+		return time.Now().UnixMilli() > n1.fsm.Now()+100
+	})
+	if d := off(n1); d.Abs() > 250*time.Millisecond {
+		t.Fatalf("n1 still leading, corrected: its time is %v off real time", d)
+	}
+	lease := acquire(t, n1, "k")
+	if left := time.Until(time.UnixMilli(lease.ExpiresAt)); (left - time.Minute).Abs() > 500*time.Millisecond {
+		t.Fatalf("a one-minute lease n1 granted expires in %v of real time", left)
+	}
+	leadOn("n2")
+	n1 = leadOn("n1")
+	if d := off(n1); d.Abs() > 250*time.Millisecond {
+		t.Fatalf("n1 leading again: its time is %v off real time", d)
+	}
+}

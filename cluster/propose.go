@@ -240,53 +240,64 @@ func (n *Node) raftErr(err error) error {
 
 // Now is the leader's clock as commands are stamped with it: never behind
 // the replicated clock, and advancing at the pace of the monotonic clock
-// even if the wall clock steps back.
+// even if the wall clock steps back, until the peers' probes correct it.
 func (n *Node) Now() time.Time { return time.UnixMilli(n.stamps.peek(n.fsm.Now())) }
 
 // stampClock issues command timestamps (Unix ms): the members' median clock
 // (clocksync.go), but never less than the replicated clock, nor than the
-// previous stamp plus the monotonic time elapsed since it.
+// previous stamp plus the monotonic time elapsed since it while this
+// node's correction to the median is the one it had then. A wall clock
+// that steps back thus leaves the stamps at the monotonic clock's pace
+// until the peers' probes show the step; a new correction is followed,
+// also back (the replicated clock holds still until the median's time
+// reaches it), so that stamps this node gave with a clock its probes have
+// since found wrong are not carried on, this term or the next it leads.
 type stampClock struct {
-	mu     sync.Mutex
-	clock  Clock
-	mono   func() time.Duration // monotonic time; nil: since the first use
-	start  time.Time
-	lastMs int64
-	lastAt time.Duration
-	issued bool
+	mu      sync.Mutex
+	clock   Clock
+	offset  func() time.Duration // the clock's correction; nil: none
+	mono    func() time.Duration // monotonic time; nil: since the first use
+	start   time.Time
+	lastMs  int64
+	lastAt  time.Duration
+	lastOff time.Duration
+	issued  bool
 }
 
-func (c *stampClock) compute(floor int64) (int64, time.Duration) {
+func (c *stampClock) compute(floor int64) (ms int64, at, off time.Duration) {
 	if c.mono == nil {
 		c.start = time.Now()
 		c.mono = func() time.Duration { return time.Since(c.start) }
 	}
-	at := c.mono()
-	ms := c.clock.Now().UnixMilli()
-	if c.issued {
+	at = c.mono()
+	if c.offset != nil {
+		off = c.offset()
+	}
+	ms = c.clock.Now().UnixMilli()
+	if c.issued && off == c.lastOff {
 		ms = max(ms, c.lastMs+(at-c.lastAt).Milliseconds())
 	}
-	return max(ms, floor), at
+	return max(ms, floor), at, off
 }
 
 func (c *stampClock) next(floor int64) int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	ms, at := c.compute(floor)
-	if step := (at - c.lastAt).Milliseconds(); c.issued && ms == c.lastMs+step {
+	ms, at, off := c.compute(floor)
+	if step := (at - c.lastAt).Milliseconds(); c.issued && off == c.lastOff && ms == c.lastMs+step {
 		// A stamp the monotonic clock gave (the wall clock is behind):
 		// the part of a millisecond it did not count is kept for the next,
 		// or stamps closer than 1 ms apart would hold the clock still.
 		c.lastMs, c.lastAt = ms, c.lastAt+time.Duration(step)*time.Millisecond
 		return ms
 	}
-	c.lastMs, c.lastAt, c.issued = ms, at, true
+	c.lastMs, c.lastAt, c.lastOff, c.issued = ms, at, off, true
 	return ms
 }
 
 func (c *stampClock) peek(floor int64) int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	ms, _ := c.compute(floor)
+	ms, _, _ := c.compute(floor)
 	return ms
 }
