@@ -178,26 +178,42 @@ func serve(hd http.Handler) func(http.ResponseWriter, *http.Request) error {
 	}
 }
 
-// statusWriter remembers the status a handler wrote.
+// statusWriter remembers the status a handler wrote, and completes the
+// response's headers (header) as they are sent.
 type statusWriter struct {
 	http.ResponseWriter
 	status int
+	header func(http.Header) // nil: nothing to add
+}
+
+// sending is called before the response's headers may go out.
+func (s *statusWriter) sending(code int) {
+	if s.status != 0 {
+		return
+	}
+	s.status = code
+	if s.header != nil {
+		s.header(s.Header())
+	}
 }
 
 func (s *statusWriter) WriteHeader(code int) {
-	if s.status == 0 {
-		s.status = code
-	}
+	s.sending(code)
 	s.ResponseWriter.WriteHeader(code)
 }
 
 // Unwrap lets http.ResponseController reach the connection.
 func (s *statusWriter) Unwrap() http.ResponseWriter { return s.ResponseWriter }
 
+// FlushError lets http.ResponseController flush; a flush sends the
+// headers when nothing was written yet.
+func (s *statusWriter) FlushError() error {
+	s.sending(http.StatusOK)
+	return http.NewResponseController(s.ResponseWriter).Flush()
+}
+
 func (s *statusWriter) Write(b []byte) (int, error) {
-	if s.status == 0 {
-		s.status = http.StatusOK
-	}
+	s.sending(http.StatusOK)
 	return s.ResponseWriter.Write(b)
 }
 
@@ -217,8 +233,17 @@ func (h *handler) wrap(endpoint, method string, fn func(http.ResponseWriter, *ht
 			sw.Header().Set(wire.HeaderServedBy, h.NodeID)
 		}
 		if h.Leadership != nil {
-			if id, _ := h.Leadership.Leader(); id != "" {
-				sw.Header().Set(wire.HeaderLeader, id)
+			// The leader this node knows when it answers, which a request
+			// that waited (a blocked acquire across a failover) may not
+			// have had when it arrived; an answer relayed from the leader
+			// keeps the leader's own.
+			sw.header = func(hd http.Header) {
+				if hd.Get(wire.HeaderLeader) != "" {
+					return
+				}
+				if id, _ := h.Leadership.Leader(); id != "" {
+					hd.Set(wire.HeaderLeader, id)
+				}
 			}
 		}
 		defer func() {

@@ -2,6 +2,9 @@ package testcluster
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"strings"
 	"testing"
 	"time"
 
@@ -52,5 +55,52 @@ func TestAWaiterWhoseClientLeftDuringAnOutageIsNotGrantedTheKey(t *testing.T) {
 	}
 	if d.LeaseID != "" {
 		t.Fatalf("the key went to the acquirer whose client left: %+v", d)
+	}
+}
+
+// The leader a response names (X-Raftlockd-Leader) is the one its node
+// knows when it answers: a blocked acquire answered after a failover
+// names the new leader, not the one that led when the request arrived.
+func TestABlockedAcquireAnsweredAfterAFailoverNamesTheNewLeader(t *testing.T) {
+	c := Start(t, 3)
+	leader := c.WaitLeader(10 * time.Second)
+	rest := others(c, leader)
+	waiterNode, other := rest[0], rest[1]
+	held := acquire(t, c.Client(other), "k", 60)
+
+	type answer struct {
+		status int
+		leader string
+		err    error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		body := strings.NewReader(`{"key":"k","owner":"w","ttl_seconds":30,"block_seconds":30}`)
+		resp, err := c.HTTPClient("client").Post(c.URL(waiterNode)+"/v1/acquire", "application/json", body)
+		if err != nil {
+			got <- answer{err: err}
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		got <- answer{status: resp.StatusCode, leader: resp.Header.Get(wire.HeaderLeader)}
+	}()
+	waitQueued(t, c.Client(other), "k", 1)
+
+	c.Stop(leader)
+	next := c.WaitLeader(10 * time.Second)
+	if _, err := c.RetryingClient(other).Release(context.Background(), held.Ref(), false); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case a := <-got:
+		if a.err != nil || a.status != http.StatusOK {
+			t.Fatalf("blocked acquire: %d %v", a.status, a.err)
+		}
+		if a.leader != c.Nodes[next].Name {
+			t.Fatalf("the answer names leader %q; %s leads", a.leader, c.Nodes[next].Name)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the blocked acquire was not answered")
 	}
 }
