@@ -298,6 +298,7 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 	}
 	events, unregister := q.waits.register(req, "", waitDequeue)
 	defer func() { unregister() }()
+	until := time.Now().Add(wait)
 	delivered := func(r *fsm.Result) bool { return r.Queue != nil && r.Queue.Message != nil }
 	res, ev, err := proposeAndWait(ctx, q.store, wait, events, func(left int64) *fsm.Command {
 		cmd.Wait = left
@@ -306,7 +307,7 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 		// A dequeue proposed again takes the next ready message: the one
 		// it may have been handed in the steps the restore covered is
 		// found by leaving the line first.
-		res, err := q.withdraw(ctx, ns, queue, req)
+		res, err := q.withdraw(ctx, ns, queue, req, until)
 		if err != nil || delivered(res) {
 			return res, nil, err
 		}
@@ -328,7 +329,7 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 		// leased to nobody.
 		if mayStandInLine(res, err) {
 			awaitAnswer(ctx, err)
-			if res, cerr := q.withdraw(ctx, ns, queue, req); cerr == nil && res.Queue != nil && res.Queue.Message != nil {
+			if res, cerr := q.withdraw(ctx, ns, queue, req, until); cerr == nil && res.Queue != nil && res.Queue.Message != nil {
 				return q.fetch(ctx, res.Queue.Message)
 			}
 		}
@@ -341,7 +342,7 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 		return nil, ev.Err
 	}
 	// Stop waiting, unless a message arrived meanwhile.
-	res, err = q.withdraw(ctx, ns, queue, req)
+	res, err = q.withdraw(ctx, ns, queue, req, until)
 	if err != nil {
 		return nil, err
 	}
@@ -364,10 +365,13 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 
 // withdraw takes the waiting dequeue req out of the queue's consumers,
 // whatever became of ctx; the answer holds the delivery when a message was
-// handed to it first.
-func (q *Queues) withdraw(ctx context.Context, ns, queue, req string) (*fsm.Result, error) {
-	return proposeDetached(ctx, q.store, &fsm.Command{Op: fsm.OpQCancel,
-		QCancel: &fsm.QueueCancelCmd{Namespace: ns, Queue: queue, RequestID: req}})
+// handed to it first. Like a key's (Keys.withdraw), it is sent again while
+// no leader takes it, until the request's wait (until) would have run out,
+// or a message enqueued after the outage would be leased to a consumer
+// that is gone, until its visibility runs out.
+func (q *Queues) withdraw(ctx context.Context, ns, queue, req string, until time.Time) (*fsm.Result, error) {
+	return proposeUntil(ctx, q.store, &fsm.Command{Op: fsm.OpQCancel,
+		QCancel: &fsm.QueueCancelCmd{Namespace: ns, Queue: queue, RequestID: req}}, until.Add(withdrawSlack))
 }
 
 // fetch turns a delivery into what the consumer gets: the state machine

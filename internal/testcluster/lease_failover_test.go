@@ -104,3 +104,51 @@ func TestABlockedAcquireAnsweredAfterAFailoverNamesTheNewLeader(t *testing.T) {
 		t.Fatal("the blocked acquire was not answered")
 	}
 }
+
+// A consumer whose client leaves while its server cannot reach a leader
+// leaves the queue once one is reached: a message enqueued after the
+// outage is ready for the next consumer, not leased to one that is gone
+// until its visibility runs out.
+func TestAConsumerWhoseClientLeftDuringAnOutageIsHandedNothing(t *testing.T) {
+	c := Start(t, 3)
+	leader := c.WaitLeader(10 * time.Second)
+	rest := others(c, leader)
+	waiterNode, other := rest[0], rest[1]
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() {
+		_, err := c.Client(waiterNode).Dequeue(ctx, wire.DequeueRequest{Queue: "jobs", Owner: "gone", WaitSeconds: 30,
+			VisibilityTimeoutSeconds: 600})
+		done <- err
+	}()
+	waitFor(t, 5*time.Second, "the consumer to wait", func() bool {
+		st, err := c.Client(leader).QueueStats(context.Background(), "", "jobs", false)
+		return err == nil && st.WaitingConsumers == 1
+	})
+
+	c.Partition([]int{waiterNode}, []int{leader, other})
+	cancel()
+	if err := <-done; err == nil {
+		t.Fatal("the cancelled dequeue got a message")
+	}
+	// The outage lasts longer than the server waits for a leader.
+	time.Sleep(c.Nodes[waiterNode].Config.LeaderWait + time.Second)
+	c.Heal()
+
+	waitFor(t, 15*time.Second, "the consumer to leave the queue", func() bool {
+		st, err := c.Client(leader).QueueStats(context.Background(), "", "jobs", false)
+		return err == nil && st.WaitingConsumers == 0
+	})
+	if _, err := c.RetryingClient(leader).Enqueue(context.Background(), wire.EnqueueRequest{Queue: "jobs"}, []byte("j")); err != nil {
+		t.Fatal(err)
+	}
+	st, err := c.RetryingClient(leader).QueueStats(context.Background(), "", "jobs", false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Ready != 1 || st.InFlight != 0 {
+		t.Fatalf("the message went to the consumer whose client left: %+v", st)
+	}
+}
