@@ -44,8 +44,17 @@ func (n *Node) SaveSnapshot(ctx context.Context) (SnapshotInfo, io.ReadCloser, e
 		f := n.raft.Snapshot()
 		err := f.Error()
 		if errors.Is(err, raft.ErrNothingNewToSnapshot) && attempt == 0 {
-			// Nothing applied since this node started: give raft an entry.
+			// raft has handed this node's state machine no entry since it
+			// started (a restart with nothing after its last snapshot):
+			// give raft an entry, and wait until it is applied here too. A
+			// follower hears of the entry's commit only after the leader
+			// answered the proposal, and raft's state machine goroutine,
+			// which also takes the snapshot, counts the entry once it is
+			// applied.
 			if _, err := n.Propose(ctx, &fsm.Command{Op: fsm.OpNoop, Noop: &fsm.NoopCmd{}}); err != nil {
+				return SnapshotInfo{}, nil, err
+			}
+			if err := n.Read(ctx, func(*fsm.View) error { return nil }); err != nil {
 				return SnapshotInfo{}, nil, err
 			}
 			continue
