@@ -9,11 +9,13 @@ import (
 	"io"
 	"io/fs"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"text/tabwriter"
 	"time"
 
@@ -113,11 +115,23 @@ func newSnapshotCmd() *cobra.Command {
 			if err != nil {
 				return err
 			}
+			// An interrupt ends the transfer rather than the process, so
+			// that the partial temporary file is removed; a second one
+			// ends the process.
+			sctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			go func() {
+				<-sctx.Done()
+				stop()
+			}()
 			p := newProgress(cmd.ErrOrStderr(), "received")
 			h := sha256.New()
 			n, err := writeFileAtomic(args[0], func(w io.Writer) (int64, error) {
-				return c.SaveSnapshot(ctx, io.MultiWriter(w, h), p.update)
+				return c.SaveSnapshot(sctx, io.MultiWriter(w, h), p.update)
 			})
+			if err != nil && sctx.Err() != nil && ctx.Err() == nil {
+				return fmt.Errorf("interrupted; %s was not written: %w", args[0], err)
+			}
 			if err != nil {
 				return err
 			}

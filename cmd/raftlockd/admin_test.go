@@ -9,9 +9,11 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -336,6 +338,71 @@ func TestOperatorCommandsHaveAFiniteDefaultTimeout(t *testing.T) {
 	}{{newClusterCmd(), "1m0s"}, {newTCCmd(), "1m0s"}, {newSnapshotCmd(), "0s"}} {
 		if got := c.cmd.PersistentFlags().Lookup("timeout").DefValue; got != c.want {
 			t.Errorf("%s --timeout defaults to %s, want %s", c.cmd.Name(), got, c.want)
+		}
+	}
+}
+
+// A `snapshot save` interrupted (Ctrl-C, or SIGTERM from a job's timeout)
+// while the snapshot streams leaves nothing behind in the directory: not
+// the partial file, nor the temporary file it was written to.
+func TestCLISnapshotSaveInterruptedLeavesNoFiles(t *testing.T) {
+	t.Parallel()
+	for _, sig := range []os.Signal{os.Interrupt, syscall.SIGTERM} {
+		ln, err := net.Listen("tcp", testutil.FreeAddr(t))
+		if err != nil {
+			t.Fatal(err)
+		}
+		stop := make(chan struct{})
+		srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", strconv.Itoa(64<<20))
+			w.WriteHeader(http.StatusOK)
+			_, _ = w.Write(bytes.Repeat([]byte("x"), 64<<10))
+			http.NewResponseController(w).Flush()
+			select { // a large snapshot still streaming
+			case <-stop:
+			case <-r.Context().Done():
+			}
+		})}
+		go func() { _ = srv.Serve(ln) }()
+		dir := t.TempDir()
+		cmd := exec.Command(testutil.Binary(t), "snapshot", "save", filepath.Join(dir, "backup.db"))
+		cmd.Env = baseEnv(t, "RAFTLOCKD_CLIENT_SERVER=http://"+ln.Addr().String())
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		testutil.WaitFor(t, 10*time.Second, "the save to write part of the snapshot", func() bool {
+			entries, _ := os.ReadDir(dir)
+			for _, e := range entries {
+				if fi, err := e.Info(); err == nil && fi.Size() > 0 {
+					return true
+				}
+			}
+			return false
+		})
+		if err := cmd.Process.Signal(sig); err != nil {
+			t.Fatal(err)
+		}
+		exited := make(chan error, 1)
+		go func() { exited <- cmd.Wait() }()
+		select {
+		case err = <-exited:
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			t.Fatalf("%v: snapshot save still runs 10 s after it", sig)
+		}
+		close(stop)
+		srv.Close()
+		if entries, _ := os.ReadDir(dir); len(entries) != 0 {
+			var names []string
+			for _, e := range entries {
+				names = append(names, e.Name())
+			}
+			t.Fatalf("%v: snapshot save left %q behind (stderr %q)", sig, names, stderr.String())
+		}
+		if err == nil || !strings.Contains(stderr.String(), "interrupted") {
+			t.Fatalf("%v: snapshot save exited with %v, stderr %q; want a failure that says it was interrupted", sig, err, stderr.String())
 		}
 	}
 }
