@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
+	"encoding/json"
 )
 
 // View is a consistent read-only view of the state, valid inside FSM.View.
@@ -140,4 +141,38 @@ func (v *View) Hash() []byte {
 		}
 	}
 	return h.Sum(nil)
+}
+
+// WaitingRequest is a request the state has waiting on a server: a queued
+// acquire of Key, or a dequeue waiting on Queue.
+type WaitingRequest struct {
+	Namespace string
+	Key       string // the key an acquire waits for; "" for a dequeue
+	Queue     string // the queue a dequeue waits on; "" for an acquire
+	RequestID string
+	Attempt   string // the acquire's attempt that holds the place
+	Run       string // the server's run the request waits in
+}
+
+// WaitingOn lists the requests waiting on server node, in any of its runs:
+// the queued acquires, then the waiting dequeues, each in key order.
+func (v *View) WaitingOn(node string) []WaitingRequest {
+	var out []WaitingRequest
+	c := v.b(bucketWaiters).Cursor()
+	for k, raw := c.First(); k != nil; k, raw = c.Next() {
+		var w Waiter
+		if json.Unmarshal(raw, &w) == nil && w.Node == node {
+			ns, key := splitKey(waiterOwner(k))
+			out = append(out, WaitingRequest{Namespace: ns, Key: key, RequestID: w.RequestID, Attempt: w.Attempt, Run: w.Run})
+		}
+	}
+	c = v.b(bucketQWaiters).Cursor()
+	for k, raw := c.First(); k != nil; k, raw = c.Next() {
+		var w QueueWaiter
+		if json.Unmarshal(raw, &w) == nil && w.Node == node {
+			ns, queue := splitKey(waiterOwner(k))
+			out = append(out, WaitingRequest{Namespace: ns, Queue: queue, RequestID: w.RequestID, Run: w.Run})
+		}
+	}
+	return out
 }

@@ -18,6 +18,8 @@ import (
 type Waits struct {
 	mu      sync.Mutex
 	waiting map[string][]listener
+	// restored is signalled when a state is installed (WithdrawOrphans).
+	restored chan struct{}
 }
 
 type listener struct {
@@ -37,7 +39,9 @@ const (
 )
 
 // NewWaits returns an empty registry.
-func NewWaits() *Waits { return &Waits{waiting: make(map[string][]listener)} }
+func NewWaits() *Waits {
+	return &Waits{waiting: make(map[string][]listener), restored: make(chan struct{}, 1)}
+}
 
 // register starts listening for the outcome of attempt of requestID. It
 // must be called before the acquire is proposed, so an immediate grant
@@ -72,6 +76,10 @@ func (w *Waits) Observe(events []fsm.Event) {
 	for _, e := range events {
 		if e.Kind == fsm.EventRestored {
 			w.tellAll(e)
+			select {
+			case w.restored <- struct{}{}:
+			default:
+			}
 			continue
 		}
 		if e.Kind != fsm.EventGranted && e.Kind != fsm.EventWaitEnded && e.Kind != fsm.EventDelivered && e.Kind != fsm.EventDeliveryEnded {
@@ -117,6 +125,13 @@ func tell(ch chan fsm.Event, e fsm.Event) {
 	case ch <- e:
 	default:
 	}
+}
+
+// registered reports whether a request of requestID waits on this node.
+func (w *Waits) registered(requestID string) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.waiting[requestID]) > 0
 }
 
 // Len reports how many acquire requests are waiting on this node.

@@ -58,6 +58,7 @@ type Server struct {
 	fresh     freshConns              // API connections without a request yet
 	done      chan struct{}           // closed once Close has finished
 	dropped   chan struct{}           // closed once dropStaleWaits has returned
+	orphans   chan struct{}           // closed once rm.WithdrawOrphans has returned
 
 	closeOnce sync.Once
 	closeErr  error
@@ -281,7 +282,7 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 
 	base, drain := context.WithCancelCause(context.Background())
 	s = &Server{cfg: cfg, log: log, node: node, tls: src, sweeper: sw, pruner: pruner, forgetter: forgetter, resolver: resolver, listener: ln, served: make(chan error, 1), registry: reg,
-		drain: drain, done: make(chan struct{}), dropped: make(chan struct{}),
+		drain: drain, done: make(chan struct{}), dropped: make(chan struct{}), orphans: make(chan struct{}),
 		http: &http.Server{
 			Handler:           handler,
 			BaseContext:       func(net.Listener) context.Context { return base },
@@ -300,6 +301,10 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 		o.httpHook(s.http)
 	}
 	go s.dropStaleWaits(base, self)
+	go func() {
+		defer close(s.orphans)
+		rm.WithdrawOrphans(base, node, waits, self, log)
+	}()
 	go func() { s.served <- s.http.Serve(ln) }()
 	log.Info("raftlockd serving", "api", s.URL(), "raft", node.RaftAddr(), "data_dir", cfg.DataDir)
 	return s, nil
@@ -661,9 +666,10 @@ func (s *Server) dropStaleWaits(ctx context.Context, self rm.Server) {
 }
 
 // stopNode stops the leader-only loops, then the node itself. The
-// server's context has ended (drain), which ends dropStaleWaits.
+// server's context has ended (drain), which ends dropStaleWaits and rm.WithdrawOrphans.
 func (s *Server) stopNode() error {
 	<-s.dropped
+	<-s.orphans
 	s.sweeper.Stop()
 	s.pruner.Stop()
 	s.forgetter.Stop()
