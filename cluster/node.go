@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -223,6 +224,11 @@ func Open(cfg Config) (_ *Node, err error) {
 	closers = append(closers, n.store)
 	hl := hclog.New(&hclog.LoggerOptions{Name: "raft", Level: raftLogLevel(cfg.Logger), JSONFormat: true,
 		Output: &hclogToSlog{log: cfg.Logger.With("component", "raft")}})
+	// A snapshot cut short by a crash left raft's temporary directory,
+	// which raft only warns about, on every listing, for good.
+	if err := removeSnapshotsCutShort(raftDir, cfg.Logger); err != nil {
+		return nil, err
+	}
 	snaps, err := raft.NewFileSnapshotStoreWithLogger(raftDir, 2, hl)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: snapshot store: %w", err)
@@ -615,6 +621,35 @@ func (n *Node) stopSpawning() {
 
 // raftDirOf is where a node keeps its Raft log and snapshots, in dataDir.
 func raftDirOf(dataDir string) string { return filepath.Join(dataDir, "raft") }
+
+// removeSnapshotsCutShort removes the temporary directories of snapshots
+// that raft's file snapshot store (raftDir/snapshots) was writing when the
+// process ended: a snapshot taken, installed from the leader or restored
+// by an operator. Only a running node writes there, and the state file it
+// holds open keeps a second one off the data directory.
+func removeSnapshotsCutShort(raftDir string, log *slog.Logger) error {
+	entries, err := os.ReadDir(filepath.Join(raftDir, "snapshots"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("cluster: snapshot store: %w", err)
+	}
+	removed := 0
+	for _, e := range entries {
+		if !e.IsDir() || !strings.HasSuffix(e.Name(), ".tmp") {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(raftDir, "snapshots", e.Name())); err != nil {
+			return fmt.Errorf("cluster: remove a snapshot cut short: %w", err)
+		}
+		removed++
+	}
+	if removed > 0 {
+		log.Warn("removed the snapshots a crash cut short", "snapshots", removed)
+	}
+	return nil
+}
 
 // raftLogIn is the Raft log's file in raftDir.
 func raftLogIn(raftDir string) string { return filepath.Join(raftDir, "raft.db") }

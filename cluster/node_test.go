@@ -428,6 +428,33 @@ func TestStartRemovesFilesOfARestoreCutShort(t *testing.T) {
 	}
 }
 
+// A snapshot cut short by a crash (raft writing one, or installing the
+// leader's, or an operator's restore) leaves its temporary directory in the
+// snapshot store, as large as the state; the next start removes it, and
+// leaves the store's other entries alone.
+func TestStartRemovesSnapshotsCutShort(t *testing.T) {
+	dir := t.TempDir()
+	store := filepath.Join(raftDirOf(dir), "snapshots")
+	cut := filepath.Join(store, "2-40-1700000000000.tmp")
+	if err := os.MkdirAll(cut, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	other := filepath.Join(store, "notes.txt")
+	for _, p := range []string{filepath.Join(cut, "state.bin"), other} {
+		if err := os.WriteFile(p, []byte("left behind"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := open(t, testConfig(dir, "boot-a"))
+	defer n.Close()
+	if _, err := os.Stat(cut); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("%s after a start: %v, want it removed", filepath.Base(cut), err)
+	}
+	if _, err := os.Stat(other); err != nil {
+		t.Errorf("a file the node does not own was touched: %v", err)
+	}
+}
+
 // A node that cannot start (its Raft port taken, its data directory in
 // use, its gossip port taken, settings Raft refuses) answers an error and
 // releases what it had opened; it does not panic.
