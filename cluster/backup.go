@@ -211,8 +211,6 @@ func (n *Node) restoreFile(ctx context.Context, path string, applied uint64) err
 	return nil
 }
 
-// readErr remembers a failure of the reader, to tell a bad upload from a
-// local storage failure.
 // sizedUpload reads a snapshot upload no further than the size its first
 // meta page gives (fsm.SnapshotSize), and no further than that page when
 // the upload does not start with one, or when the data directory has no
@@ -266,6 +264,8 @@ func (n *Node) roomFor(size int64) error {
 	return nil
 }
 
+// readErr remembers a failure of the reader, to tell a bad upload from a
+// local storage failure.
 type readErr struct {
 	r   io.Reader
 	err error
