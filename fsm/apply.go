@@ -467,8 +467,10 @@ func (s *applyState) cancelWait(c *CancelWaitCmd) *Result {
 		s.endWaiter(bytes.Clone(wk), errcode.Waiting.With("acquire cancelled"))
 		return &Result{Cancelled: true, RetryAfter: retryAfter(&rec, s.now)}
 	}
-	// Not queued any more: it was either granted meanwhile or dropped.
-	if rec.Lease != nil && rec.Lease.RequestID == c.RequestID {
+	// Not queued any more: it was either granted meanwhile or dropped. A
+	// grant whose lease has run out since is not handed to a request that
+	// stopped waiting (from format 11 on): the sweep frees the key.
+	if rec.Lease != nil && rec.Lease.RequestID == c.RequestID && (rec.Lease.ExpiresAt > s.now || s.rules() < formatV11) {
 		return &Result{Lease: leaseInfo(c.Namespace, c.Key, &rec)}
 	}
 	return &Result{Cancelled: true, RetryAfter: retryAfter(&rec, s.now)}

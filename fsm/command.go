@@ -108,16 +108,30 @@ const formatV9 = 9
 // condition was not checked). It is framed as formatV1.
 const formatV10 = 10
 
+// formatV11 is the first byte of a command only builds of entry format 11
+// apply: a sweep that raises the island's rules to format 11, from which on
+// a nack of a delivery whose transaction another island's coordinator
+// decides is noted on the delivery (MessageLease.Nack), so that the
+// coordinator's rollback requeues the message as the nack asked and records
+// the delivery as nacked (a retried nack is answered as the first); a
+// withdrawn acquire whose request was granted a lease that has run out
+// since is answered as withdrawn, not with that lease; and a dead letter
+// that replaces one in flight with its id ends that one's delivery. It is
+// framed as formatV1.
+const formatV11 = 11
+
 // EntryFormat is the newest entry format this build applies. Nodes announce
 // it; a leader packs commands, and a server proposes drop_waits, prune
 // passes that keep the tip and forget_keys, only when every server
 // announces it (gossip); an entry of a newer format stops the node (apply).
-const EntryFormat = formatV10
+const EntryFormat = formatV11
 
 // format is the first byte of c's encoding: the oldest entry format whose
 // builds apply c as this one does.
 func (c *Command) format() byte {
 	switch {
+	case c.Sweep != nil && c.Sweep.Format >= formatV11:
+		return formatV11
 	case c.Sweep != nil && c.Sweep.Format >= formatV10:
 		return formatV10
 	case c.Sweep != nil && c.Sweep.Format >= formatV9:

@@ -930,7 +930,9 @@ func TestMalformedEntriesAreRejectedDeterministically(t *testing.T) {
 		{sweep(), formatV9},
 		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV9}}, formatV8},
 		{sweep(), formatV10},
-		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV10}}, formatV9}} {
+		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV10}}, formatV9},
+		{sweep(), formatV11},
+		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV11}}, formatV10}} {
 		data, err := Encode(c.cmd)
 		if err != nil {
 			t.Fatal(err)

@@ -95,6 +95,17 @@ type MessageLease struct {
 	StateID   string `json:"state_lease,omitempty"` // the sidecar's lease
 	StateTxn  string `json:"state_txn,omitempty"`   // and its transaction
 	Request   string `json:"req,omitempty"`         // the dequeue it was delivered to
+	// Nack is how the consumer asked for the delivery back when its
+	// transaction spans islands (from format 11 on): the coordinator's
+	// rollback requeues the message so.
+	Nack *NackNote `json:"nack,omitempty"`
+}
+
+// NackNote is a nack waiting for the coordinator's rollback it asked for.
+type NackNote struct {
+	Defer     bool            `json:"defer,omitempty"`
+	Delay     int64           `json:"delay,omitempty"` // milliseconds
+	LastError json.RawMessage `json:"last_error,omitempty"`
 }
 
 // QueueWaiter is a dequeue waiting for a message.
@@ -900,6 +911,14 @@ func (s *applyState) queueNack(c *QueueNackCmd) *Result {
 			// A retry: answered with where the first attempt put the message.
 			return &Result{Released: true, Queue: end.outcome()}
 		}
+		if fin.Err.Code == errcode.TxnCoordinated.Code && s.rules() >= formatV11 {
+			// The coordinator's rollback, which the nack asks for next,
+			// requeues the message as the nack asks (queueResource.finish).
+			if k, m, err := s.heldDelivery(c.MessageRef); err == nil {
+				m.Lease.Nack = &NackNote{Defer: c.Defer, Delay: c.Delay, LastError: c.LastError}
+				s.storeMessage(k, m)
+			}
+		}
 		return fin
 	}
 	if m.Lease.TxnID != "" {
@@ -911,11 +930,7 @@ func (s *applyState) queueNack(c *QueueNackCmd) *Result {
 			defer func() { s.nacking = nil }()
 		}
 		s.decide(m.Lease.TxnID, false, ReasonRelease)
-		end, ok := s.deliveryEnded(c.MessageRef)
-		if ok {
-			end.Nacked = true
-			s.putJSON(bucketQEnded, endedKey(k, c.LeaseID), end)
-		}
+		end, _ := s.markNacked(k, c.MessageRef)
 		res := end.outcome()
 		if m := s.message(k); m != nil && res.Requeued {
 			res.Message = messageInfo(c.Namespace, c.Queue, m)
@@ -924,6 +939,17 @@ func (s *applyState) queueNack(c *QueueNackCmd) *Result {
 	}
 	res := s.requeue(c.Namespace, c.Queue, k, m, true, !c.Defer, c.Delay, c.LastError)
 	return &Result{Released: true, Queue: res}
+}
+
+// markNacked records that the delivery r names, which has just ended,
+// ended because its consumer nacked it, and returns how it ended.
+func (s *applyState) markNacked(k []byte, r MessageRef) (deliveryEnd, bool) {
+	end, ok := s.deliveryEnded(r)
+	if ok {
+		end.Nacked = true
+		s.putJSON(bucketQEnded, endedKey(k, r.LeaseID), end)
+	}
+	return end, ok
 }
 
 // outcome reports where a nack that ended the delivery put the message.
@@ -964,9 +990,13 @@ func (s *applyState) requeue(ns, queue string, k []byte, m *Message, nacked, fai
 		tk = msgKey(ns, to, m.ID)
 		if old := s.message(tk); old != nil {
 			// An earlier message with this id died too: the newer one
-			// takes its place.
+			// takes its place, and its delivery, when it is in flight,
+			// ends (from format 11 on).
 			s.unsettle(ns, to, tk, old)
 			s.dropMessage(tk, old)
+			if s.rules() >= formatV11 {
+				s.endDelivery(tk, old.Lease, deliveryEnd{Dropped: true})
+			}
 			s.carrySidecar(ns, to, "", m.ID, nil)
 		}
 		m.Seq, m.VisibleAt, m.DeadFrom = s.nextSeq(), s.now, queue
@@ -1182,6 +1212,13 @@ func (r queueResource) finish(txn string, commit bool) {
 	case m.Lease != nil && m.Lease.TxnID == txn:
 		if n := r.s.nacking; n != nil && bytes.Equal(n.k, r.k) {
 			r.s.requeue(r.ns, r.queue, r.k, m, false, !n.cmd.Defer, n.cmd.Delay, n.cmd.LastError)
+			return
+		}
+		if n := m.Lease.Nack; n != nil {
+			// The rollback a nack asked the coordinator for.
+			ref := MessageRef{Namespace: r.ns, Queue: r.queue, ID: m.ID, LeaseID: m.Lease.ID}
+			r.s.requeue(r.ns, r.queue, r.k, m, false, !n.Defer, n.Delay, n.LastError)
+			r.s.markNacked(r.k, ref)
 			return
 		}
 		r.s.requeue(r.ns, r.queue, r.k, m, false, true, 0, nil)

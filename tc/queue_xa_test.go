@@ -243,3 +243,39 @@ func TestACoordinatedNackSaysWhereTheMessageWent(t *testing.T) {
 	}
 	clean(t, a, b)
 }
+
+// A nack of a delivery whose transaction spans islands requeues the
+// message as it asks once the coordinator has rolled the transaction back
+// (a deferring nack spends no attempt: with max_attempts 1 the message is
+// not dead-lettered), and a nack resent after its answer was lost is
+// answered as the first.
+func TestACoordinatedNackIsRequeuedAsItAsksAndARetryIsAnsweredAlike(t *testing.T) {
+	a, b := startIsland(t, "a"), startIsland(t, "b")
+	register(t, a, b)
+	testutil.WaitFor(t, 10*time.Second, "b to follow this build's rules", func() bool {
+		return b.srv.Node().FSM().Rules() >= fsm.EntryFormat
+	})
+	ctx := context.Background()
+	if _, err := b.client().Enqueue(ctx, wire.EnqueueRequest{Queue: "in", MaxAttempts: 1}, []byte("job")); err != nil {
+		t.Fatal(err)
+	}
+	txn := xid.New().String()
+	d := dequeue(t, b.client(), "in", txn)
+	stage(t, acquire(t, a.client(), "ka", txn, "w"), `{"done":1}`)
+	if _, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStatePending,
+		Participants: []wire.TxnParticipant{part("ka", a), msgPart("in", d.Message.MessageID, b)}}); err != nil {
+		t.Fatal(err)
+	}
+	first, err := d.Nack(ctx, wire.NackIntentDefer, 0, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := stats(t, b.client(), "in"); !first.Requeued || st.Ready != 1 || st.DeadLetterReady != 0 {
+		t.Fatalf("the deferring nack answered %+v; the queue: %+v", first, st)
+	}
+	again, err := d.Nack(ctx, wire.NackIntentDefer, 0, nil)
+	if err != nil || again.Requeued != first.Requeued || again.DeadLetterQueue != first.DeadLetterQueue {
+		t.Fatalf("the retried nack: %+v %v (the first: %+v)", again, err, first)
+	}
+	clean(t, a, b)
+}
