@@ -269,9 +269,10 @@ func mayStandInLine(res *fsm.Result, err error) bool {
 	return res == nil && !errors.As(err, &nq)
 }
 
-// awaitAnswer waits, for at most ten seconds whatever became of ctx, for
-// the leader's answer to a forwarded request that failed with err before
-// it came (the store's error then has an AwaitAnswer method). The request
+// awaitAnswer waits, for at most ten seconds whatever became of ctx and
+// no longer than the server runs (WithServerLife), for the leader's answer
+// to a forwarded request that failed with err before it came (the store's
+// error then has an AwaitAnswer method). The request
 // may still be applied, and its withdrawal, sent before the leader took
 // the request up, could be applied first and find nothing to withdraw,
 // leaving the request in line for nobody.
@@ -282,6 +283,7 @@ func awaitAnswer(ctx context.Context, err error) {
 	}
 	actx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer cancel()
+	defer context.AfterFunc(serverLife(ctx), cancel)()
 	pending.AwaitAnswer(actx)
 }
 
@@ -304,9 +306,11 @@ const withdrawSlack = 2 * time.Second
 // proposeUntil proposes cmd, which must be idempotent, as proposeDetached
 // does, and again, with growing pauses, while it failed without reaching
 // the state machine and until has not passed. A server shutting down
-// stops trying: its next start withdraws what it left waiting
-// (fsm.DropWaitsCmd).
+// stops trying, also for a request whose client had left before (its
+// context ended then, and shows nothing of the shutdown): its next start
+// withdraws what it left waiting (fsm.DropWaitsCmd).
 func proposeUntil(ctx context.Context, s Store, cmd *fsm.Command, until time.Time) (*fsm.Result, error) {
+	life := serverLife(ctx)
 	pause := 50 * time.Millisecond
 	for {
 		res, err := proposeDetached(ctx, s, cmd)
@@ -314,9 +318,37 @@ func proposeUntil(ctx context.Context, s Store, cmd *fsm.Command, until time.Tim
 			errors.Is(context.Cause(ctx), errcode.ShuttingDown) || time.Now().Add(pause).After(until) {
 			return res, err
 		}
-		time.Sleep(pause)
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-life.Done():
+			t.Stop()
+			return res, err
+		}
 		pause = min(2*pause, time.Second)
 	}
+}
+
+// lifeKey is the context key under which WithServerLife keeps the
+// server's life.
+type lifeKey struct{}
+
+// WithServerLife returns ctx carrying life, a context that ends when the
+// server serving the requests whose contexts derive from ctx shuts down.
+// A request's own context, once its client left, no longer shows the
+// shutdown; the work it does on afterwards (withdrawing a waiting acquire
+// or dequeue) stops waiting at it.
+func WithServerLife(ctx, life context.Context) context.Context {
+	return context.WithValue(ctx, lifeKey{}, life)
+}
+
+// serverLife is the life WithServerLife gave ctx; without one, a context
+// that never ends.
+func serverLife(ctx context.Context) context.Context {
+	if life, ok := ctx.Value(lifeKey{}).(context.Context); ok {
+		return life
+	}
+	return context.Background()
 }
 
 // proposeDetached proposes cmd whatever became of ctx (a request that stops

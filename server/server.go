@@ -285,7 +285,7 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 		drain: drain, done: make(chan struct{}), dropped: make(chan struct{}), orphans: make(chan struct{}),
 		http: &http.Server{
 			Handler:           handler,
-			BaseContext:       func(net.Listener) context.Context { return base },
+			BaseContext:       func(net.Listener) context.Context { return rm.WithServerLife(base, base) },
 			ReadHeaderTimeout: 10 * time.Second,
 			ReadTimeout:       60 * time.Second,
 			WriteTimeout:      cfg.AcquireBlock + 60*time.Second,
