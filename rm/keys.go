@@ -162,8 +162,7 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 		Node: k.node.ID, Run: k.node.Run}
 	events, unregister := k.waits.register(req, attempt, waitAcquire)
 	defer unregister()
-	until := time.Now().Add(wait)
-	res, ev, err := proposeAndWait(ctx, k.store, wait, events, func(left int64) *fsm.Command {
+	res, ev, inLine, err := proposeAndWait(ctx, k.store, wait, events, func(left int64) *fsm.Command {
 		cmd.Wait = left
 		return &fsm.Command{Op: fsm.OpAcquire, Acquire: cmd}
 	}, func(r *fsm.Result) bool { return r.Lease != nil }, nil)
@@ -173,7 +172,8 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 		// nobody waits for must leave the queue.
 		if wait > 0 && mayStandInLine(res, err) {
 			awaitAnswer(ctx, err)
-			if res, cerr := k.withdraw(ctx, ns, key, req, attempt, until); cerr == nil && res.Lease != nil {
+			// Applied, if at all, before the answer that has come by now.
+			if res, cerr := k.withdraw(ctx, ns, key, req, attempt, time.Now().Add(wait)); cerr == nil && res.Lease != nil {
 				return res.Lease, nil
 			}
 		}
@@ -186,7 +186,7 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 		return nil, ev.Err
 	}
 	// Stop waiting: leave the queue, unless the lease arrived meanwhile.
-	res, err = k.withdraw(ctx, ns, key, req, attempt, until)
+	res, err = k.withdraw(ctx, ns, key, req, attempt, inLine)
 	if err != nil {
 		return nil, err
 	}
@@ -209,7 +209,11 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 // proposeAndWait proposes the command cmd makes for a wait of left
 // milliseconds and, unless its result settles the request, waits up to
 // wait for the event that ends it. It returns the settling result, or the
-// event, or neither once wait has passed or ctx ended. A state restored
+// event, or neither once wait has passed or ctx ended, and when the
+// request's wait ends at the latest in the replicated state (inLine): the
+// leader applied its last proposal before answering it, and a proposal
+// that took long to reach a leader (an election first) waits that much
+// past wait on this server. A state restored
 // from a backup (or installed from the leader's snapshot) may have lost
 // the line the request stood in, or the event that ended its wait: the
 // request is proposed again for what is left of the wait (a request still
@@ -217,18 +221,19 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 // recheck may give the events of the request proposed from then on.
 func proposeAndWait(ctx context.Context, s Store, wait time.Duration, events <-chan fsm.Event,
 	cmd func(left int64) *fsm.Command, settled func(*fsm.Result) bool,
-	recheck func() (*fsm.Result, <-chan fsm.Event, error)) (*fsm.Result, *fsm.Event, error) {
+	recheck func() (*fsm.Result, <-chan fsm.Event, error)) (_ *fsm.Result, _ *fsm.Event, inLine time.Time, _ error) {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	until := time.Now().Add(wait)
 	left := wait.Milliseconds()
 	for first := true; ; first = false {
 		res, err := s.Propose(ctx, cmd(left))
+		inLine = time.Now().Add(time.Duration(left) * time.Millisecond)
 		if first && errors.Is(err, errcode.NoLeader) {
-			return nil, nil, nothingQueued{err}
+			return nil, nil, inLine, nothingQueued{err}
 		}
 		if err != nil || settled(res) {
-			return res, nil, err
+			return res, nil, inLine, err
 		}
 		select {
 		case ev := <-events:
@@ -236,7 +241,7 @@ func proposeAndWait(ctx context.Context, s Store, wait time.Duration, events <-c
 				if recheck != nil {
 					res, ch, err := recheck()
 					if err != nil || settled(res) {
-						return res, nil, err
+						return res, nil, inLine, err
 					}
 					if ch != nil {
 						events = ch
@@ -245,11 +250,11 @@ func proposeAndWait(ctx context.Context, s Store, wait time.Duration, events <-c
 				left = max(1, time.Until(until).Milliseconds())
 				continue
 			}
-			return nil, &ev, nil
+			return nil, &ev, inLine, nil
 		case <-timer.C:
 		case <-ctx.Done():
 		}
-		return nil, nil, nil
+		return nil, nil, inLine, nil
 	}
 }
 
@@ -289,18 +294,20 @@ func awaitAnswer(ctx context.Context, err error) {
 
 // withdraw takes the acquire attempt out of the key's queue, whatever
 // became of ctx; the answer holds the lease when it was granted first.
-// The attempt may wait in the queue until about until: while no leader
-// takes the withdrawal (an election, a partition longer than the node
-// waits for a leader), it is sent again until then, or a release after the
-// outage would grant the key to a client that is gone, for its whole TTL.
+// The attempt may wait in the queue until about until (proposeAndWait's
+// inLine): while no leader takes the withdrawal (an election, a partition
+// longer than the node waits for a leader), it is sent again until then,
+// or a release after the outage would grant the key to a client that is
+// gone, for its whole TTL.
 func (k *Keys) withdraw(ctx context.Context, ns, key, req, attempt string, until time.Time) (*fsm.Result, error) {
 	return proposeUntil(ctx, k.store, &fsm.Command{Op: fsm.OpCancelWait,
 		CancelWait: &fsm.CancelWaitCmd{Namespace: ns, Key: key, RequestID: req, Attempt: attempt}}, until.Add(withdrawSlack))
 }
 
-// withdrawSlack is how long after its wait ran out on this server a queued
-// request is still taken to wait in the replicated state, whose deadline
-// was stamped by the leader when it applied the request.
+// withdrawSlack is how long after this server reckons a queued request's
+// wait ends it is still taken to wait in the replicated state: its deadline
+// is on the replicated clock, which may not keep pace with this server's
+// (it holds still while a leader whose clock was found ahead catches up).
 const withdrawSlack = 2 * time.Second
 
 // proposeUntil proposes cmd, which must be idempotent, as proposeDetached

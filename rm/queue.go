@@ -300,7 +300,7 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 	defer func() { unregister() }()
 	until := time.Now().Add(wait)
 	delivered := func(r *fsm.Result) bool { return r.Queue != nil && r.Queue.Message != nil }
-	res, ev, err := proposeAndWait(ctx, q.store, wait, events, func(left int64) *fsm.Command {
+	res, ev, inLine, err := proposeAndWait(ctx, q.store, wait, events, func(left int64) *fsm.Command {
 		cmd.Wait = left
 		return &fsm.Command{Op: fsm.OpDequeue, Dequeue: cmd}
 	}, delivered, func() (*fsm.Result, <-chan fsm.Event, error) {
@@ -329,7 +329,8 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 		// leased to nobody.
 		if mayStandInLine(res, err) {
 			awaitAnswer(ctx, err)
-			if res, cerr := q.withdraw(ctx, ns, queue, req, until); cerr == nil && res.Queue != nil && res.Queue.Message != nil {
+			// Applied, if at all, before the answer that has come by now.
+			if res, cerr := q.withdraw(ctx, ns, queue, req, time.Now().Add(wait)); cerr == nil && res.Queue != nil && res.Queue.Message != nil {
 				return q.fetch(ctx, res.Queue.Message)
 			}
 		}
@@ -342,7 +343,7 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 		return nil, ev.Err
 	}
 	// Stop waiting, unless a message arrived meanwhile.
-	res, err = q.withdraw(ctx, ns, queue, req, until)
+	res, err = q.withdraw(ctx, ns, queue, req, inLine)
 	if err != nil {
 		return nil, err
 	}
@@ -366,9 +367,9 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 // withdraw takes the waiting dequeue req out of the queue's consumers,
 // whatever became of ctx; the answer holds the delivery when a message was
 // handed to it first. Like a key's (Keys.withdraw), it is sent again while
-// no leader takes it, until the request's wait (until) would have run out,
-// or a message enqueued after the outage would be leased to a consumer
-// that is gone, until its visibility runs out.
+// no leader takes it, until the request's wait (until) would have run out
+// in the replicated state, or a message enqueued after the outage would be
+// leased to a consumer that is gone, until its visibility runs out.
 func (q *Queues) withdraw(ctx context.Context, ns, queue, req string, until time.Time) (*fsm.Result, error) {
 	return proposeUntil(ctx, q.store, &fsm.Command{Op: fsm.OpQCancel,
 		QCancel: &fsm.QueueCancelCmd{Namespace: ns, Queue: queue, RequestID: req}}, until.Add(withdrawSlack))
