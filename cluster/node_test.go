@@ -348,6 +348,54 @@ func TestStampsKeepPaceUnderLoadAfterTheClockSteppedBack(t *testing.T) {
 	}
 }
 
+// correctedClock is a wall clock with the correction its probes measured,
+// as clockSync's Now is.
+type correctedClock struct {
+	wall *steppedClock
+	off  *time.Duration
+}
+
+func (c correctedClock) Now() time.Time { return c.wall.Now().Add(*c.off) }
+
+// The probes' noise (a correction moving by a fraction of a millisecond,
+// either way, as faster round trips come in) while the wall clock is
+// behind (it stepped back, and the probes have not shown the step yet)
+// leaves the stamps at the monotonic clock's pace: they do not drop to the
+// replicated clock, which lags them by the commands in flight, at every
+// probe, nor does an idle leader's time stand still at it.
+func TestStampsKeepPaceThroughProbeNoiseAfterTheClockSteppedBack(t *testing.T) {
+	wall := &steppedClock{t: time.Now()}
+	var mono, off time.Duration
+	s := stampClock{clock: correctedClock{wall, &off}, offset: func() time.Duration { return off },
+		mono: func() time.Duration { return mono }}
+	first := s.next(0)
+	wall.t = wall.t.Add(-time.Hour)
+	// The replicated clock: the stamp of the command applied last, 20
+	// commands (10 ms) behind the one being stamped.
+	var issued []int64
+	applied := func() int64 { return issued[max(0, len(issued)-20)] }
+	issued = append(issued, first)
+	for i := range 2000 { // a command every 0.5 ms for one second, a probe every 100 ms
+		mono += 500 * time.Microsecond
+		wall.t = wall.t.Add(500 * time.Microsecond)
+		if i%200 == 100 {
+			off = time.Duration(i%400-200) * time.Microsecond
+		}
+		issued = append(issued, s.next(applied()))
+	}
+	last := issued[len(issued)-1]
+	if moved := last - first; moved < 999 {
+		t.Fatalf("one second of commands moved the stamps on by %d ms, want 1000", moved)
+	}
+	// No command for a second, over which a probe moves the correction.
+	mono += time.Second
+	wall.t = wall.t.Add(time.Second)
+	off += 300 * time.Microsecond
+	if moved := s.peek(last) - last; moved < 999 {
+		t.Fatalf("an idle second moved the leader's time on by %d ms, want 1000", moved)
+	}
+}
+
 // Closing a node while proposals stream in lets raft answer every proposal
 // it took before it shuts down; later ones are refused as shutting_down and
 // none is left with an unknown outcome. Raft shutting down under a request

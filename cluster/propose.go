@@ -245,13 +245,16 @@ func (n *Node) Now() time.Time { return time.UnixMilli(n.stamps.peek(n.fsm.Now()
 
 // stampClock issues command timestamps (Unix ms): the members' median clock
 // (clocksync.go), but never less than the replicated clock, nor than the
-// previous stamp plus the monotonic time elapsed since it while this
-// node's correction to the median is the one it had then. A wall clock
-// that steps back thus leaves the stamps at the monotonic clock's pace
-// until the peers' probes show the step; a new correction is followed,
-// also back (the replicated clock holds still until the median's time
-// reaches it), so that stamps this node gave with a clock its probes have
-// since found wrong are not carried on, this term or the next it leads.
+// previous stamp plus the monotonic time elapsed since it, less how far a
+// correction since has set this node's clock back. A wall clock that steps
+// back thus leaves the stamps at the monotonic clock's pace until the
+// peers' probes show the step (which sets the clock on, and the stamps
+// with it); the probes' noise moves the stamps by no more than itself.
+// A correction that sets this node's clock back (its probes found it
+// ahead) is followed (the replicated clock holds still until the median's
+// time reaches it), so that stamps this node gave with a clock its probes
+// have since found wrong are not carried on, this term or the next it
+// leads.
 type stampClock struct {
 	mu      sync.Mutex
 	clock   Clock
@@ -264,7 +267,12 @@ type stampClock struct {
 	issued  bool
 }
 
-func (c *stampClock) compute(floor int64) (ms int64, at, off time.Duration) {
+// compute returns the stamp for now (ms), the monotonic time and the
+// correction it is taken at (at, off) and, when it carries on from the
+// previous stamp (carried), the monotonic time that stamp now counts as
+// given at (from): its own, moved on by as much as corrections since have
+// set this node's clock back.
+func (c *stampClock) compute(floor int64) (ms int64, at, off, from time.Duration, carried bool) {
 	if c.mono == nil {
 		c.start = time.Now()
 		c.mono = func() time.Duration { return time.Since(c.start) }
@@ -274,21 +282,28 @@ func (c *stampClock) compute(floor int64) (ms int64, at, off time.Duration) {
 		off = c.offset()
 	}
 	ms = c.clock.Now().UnixMilli()
-	if c.issued && off == c.lastOff {
-		ms = max(ms, c.lastMs+(at-c.lastAt).Milliseconds())
+	if c.issued {
+		from = c.lastAt + max(0, c.lastOff-off)
+		if on := c.lastMs + (at - from).Milliseconds(); on > ms {
+			ms, carried = on, true
+		}
 	}
-	return max(ms, floor), at, off
+	if floor > ms {
+		ms, carried = floor, false
+	}
+	return ms, at, off, from, carried
 }
 
 func (c *stampClock) next(floor int64) int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	ms, at, off := c.compute(floor)
-	if step := (at - c.lastAt).Milliseconds(); c.issued && off == c.lastOff && ms == c.lastMs+step {
+	ms, at, off, from, carried := c.compute(floor)
+	if carried {
 		// A stamp the monotonic clock gave (the wall clock is behind):
 		// the part of a millisecond it did not count is kept for the next,
 		// or stamps closer than 1 ms apart would hold the clock still.
-		c.lastMs, c.lastAt = ms, c.lastAt+time.Duration(step)*time.Millisecond
+		c.lastAt = from + time.Duration(ms-c.lastMs)*time.Millisecond
+		c.lastMs, c.lastOff = ms, off
 		return ms
 	}
 	c.lastMs, c.lastAt, c.lastOff, c.issued = ms, at, off, true
@@ -298,6 +313,6 @@ func (c *stampClock) next(floor int64) int64 {
 func (c *stampClock) peek(floor int64) int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	ms, _, _ := c.compute(floor)
+	ms, _, _, _, _ := c.compute(floor)
 	return ms
 }
