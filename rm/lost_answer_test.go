@@ -10,6 +10,7 @@ import (
 
 	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/fsm"
+	"github.com/raftlockd/raftlockd/wire"
 )
 
 // lostAnswerStore applies the next command of op and then fails it, as a
@@ -150,5 +151,61 @@ func TestRollbackBeforeItsPrepareIsKept(t *testing.T) {
 		MaxStateBytes: 1 << 20}, Server{ID: "n1"})
 	if _, err := k.Acquire(ctx, AcquireParams{Key: "k", Owner: "x", BlockSecs: -1}); err != nil {
 		t.Fatalf("the key is locked by the late prepare: %v", err)
+	}
+}
+
+// A multi-record creation whose lock entry was applied but whose answer
+// was lost (its client went away while a follower forwarded it) releases
+// the lock: the client's retry creates the transaction instead of being
+// told, for the lock's lifetime, that a transaction with no record exists.
+func TestUTXOCreateWhoseLockAnswerWasLostReleasesTheLock(t *testing.T) {
+	base := newFSMStore(t)
+	st := &lostAnswerStore{fsmStore: base}
+	u := NewUTXOs(st, base, UTXOLimits{BatchSize: 3})
+	ctx := context.Background()
+	req := tx("lost", 8)
+	st.lose = fsm.OpUTXOCreate // the first step: the lock
+	if _, err := u.Create(ctx, req); err == nil {
+		t.Fatal("the create whose answer was lost succeeded")
+	}
+	if _, err := u.Create(ctx, req); err != nil {
+		t.Fatalf("retry of the create whose lock answer was lost: %v", err)
+	}
+	got, err := u.Get(ctx, req.TxID, Linearizable)
+	if err != nil || got.Creating || got.Records != 3 || len(got.Outputs) != 8 {
+		t.Fatalf("after the retry: %+v, %v", got, err)
+	}
+}
+
+// A spend that meets an abandoned creation takes its lock to complete it;
+// when the answer to that lock is lost, the lock is released too, so that
+// the creator's retry is not refused while it lives.
+func TestUTXORecoveryWhoseLockAnswerWasLostReleasesTheLock(t *testing.T) {
+	base := newFSMStore(t)
+	st := &lostAnswerStore{fsmStore: base}
+	u := NewUTXOs(st, base, UTXOLimits{BatchSize: 3})
+	ctx := context.Background()
+	req := tx("abandoned", 8)
+	u.step = func(_ context.Context, s string) error {
+		if s == "phase1" {
+			return errors.New("crashed after phase 1")
+		}
+		return nil
+	}
+	if _, err := u.Create(ctx, req); err == nil {
+		t.Fatal("the crashed create succeeded")
+	}
+	u.step = nil
+	base.advance(UTXOLockTTL(3).Milliseconds() + 1)
+	st.lose = fsm.OpUTXOCreate // the recovery's lock
+	_, err := u.Spend(ctx, wire.UTXOSpendRequest{Spends: []wire.UTXOSpend{sp("abandoned", 0, "c", 0)}})
+	if !errors.Is(err, errcode.UTXOSpendFailed) {
+		t.Fatalf("spend whose recovery lost its lock answer: %v", err)
+	}
+	if _, err := u.Create(ctx, req); !errors.Is(err, errcode.TxExists) {
+		t.Fatalf("the creator's retry: %v, want tx_exists after completing the creation", err)
+	}
+	if got, err := u.Get(ctx, req.TxID, Linearizable); err != nil || got.Creating || len(got.RecordsCreating) != 0 {
+		t.Fatalf("after the retry: %+v, %v", got, err)
 	}
 }

@@ -291,6 +291,9 @@ func (u *UTXOs) Create(ctx context.Context, req wire.UTXOCreateRequest) (*wire.U
 	res, err := u.propose(ctx, &fsm.Command{Op: fsm.OpUTXOCreate, UTXOCreate: &fsm.UTXOCreateCmd{
 		Phase: fsm.UTXOPhaseLock, TxID: p.txid, Owner: owner, Records: n, TTL: ttl, TxnID: p.txn}})
 	if err != nil {
+		if p.txn == "" && lockUnknown(res) {
+			err = u.giveUp(ctx, p.txid, owner, err)
+		}
 		return nil, err
 	}
 	if err := u.at(ctx, "lock"); err != nil {
@@ -349,6 +352,11 @@ func (u *UTXOs) giveUp(ctx context.Context, txid, owner string, err error) error
 	return err
 }
 
+// lockUnknown reports whether a lock proposal that failed may have taken
+// the lock all the same: its answer was lost (a forward whose caller went
+// away, a leader that changed) rather than a refusal of the state machine.
+func lockUnknown(res *fsm.Result) bool { return res == nil || res.Err == nil }
+
 // complete runs phase 2: children first, the master last.
 func (u *UTXOs) complete(ctx context.Context, txid, owner string, n int) error {
 	for _, phase := range []string{fsm.UTXOPhaseChildren, fsm.UTXOPhaseMaster} {
@@ -382,7 +390,13 @@ func (u *UTXOs) recover(ctx context.Context, txid string) {
 	owner := xid.New().String()
 	res, err := u.propose(ctx, &fsm.Command{Op: fsm.OpUTXOCreate, UTXOCreate: &fsm.UTXOCreateCmd{
 		Phase: fsm.UTXOPhaseLock, TxID: txid, Owner: owner, Records: n, TTL: UTXOLockTTL(n).Milliseconds()}})
-	if err != nil || !res.UTXO.Creating {
+	if err != nil {
+		if lockUnknown(res) {
+			_ = u.giveUp(ctx, txid, owner, err)
+		}
+		return
+	}
+	if !res.UTXO.Creating {
 		return
 	}
 	if len(res.UTXO.Present) < n {
