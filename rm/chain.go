@@ -53,6 +53,9 @@ type Chain struct {
 	// step, when set, is called after each staged chunk of a block and may
 	// stop the apply there, as a crash would: the fault tests use it.
 	step func(ctx context.Context, step string) error
+	// leads, when set, tells whether this server leads its island: only
+	// the leader's retention and window are put in force.
+	leads func() bool
 
 	mu      sync.Mutex
 	timings map[string]*wire.UTXOTiming
@@ -75,6 +78,23 @@ func NewChain(store Store, upgrade Upgrade, limits ChainLimits) *Chain {
 
 // Observe sets the function told of every timed operation.
 func (c *Chain) Observe(fn func(op string, d time.Duration, items int)) { c.observe = fn }
+
+// Leads sets the function that tells whether this server leads its island.
+// Without it the server is taken for the leader.
+func (c *Chain) Leads(fn func() bool) { c.leads = fn }
+
+// policy is the retention and rollback window a block apply or prune pass
+// proposed by this server records in the replicated state: this server's
+// flags when it leads, otherwise none (0 leaves the recorded ones as they
+// are), since the retention and window in force are the leader's. A server
+// of other flags serving a request must not shorten how long spent
+// transactions are kept.
+func (c *Chain) policy() (retention, window uint32) {
+	if c.leads != nil && !c.leads() {
+		return 0, 0
+	}
+	return c.limits.Retention, c.limits.Window
+}
 
 func (c *Chain) timed(op string, start time.Time, items int) float64 {
 	d := time.Since(start)
@@ -184,8 +204,8 @@ func (c *Chain) ApplyBlock(ctx context.Context, req wire.UTXOBlockRequest) (*wir
 	if err != nil {
 		return nil, err
 	}
-	cmd := &fsm.UTXOBlockCmd{Phase: fsm.BlockPhaseApply, Height: req.Height, Hash: hash, Prev: prev, Txs: txs,
-		Retention: c.limits.Retention, Window: c.limits.Window}
+	cmd := &fsm.UTXOBlockCmd{Phase: fsm.BlockPhaseApply, Height: req.Height, Hash: hash, Prev: prev, Txs: txs}
+	cmd.Retention, cmd.Window = c.policy()
 	entries := 1
 	if payload(txs) > c.limits.MaxEntryBytes-blockHeaderBytes {
 		// Too large for one entry: stage it in chunks nothing reads, then
@@ -291,12 +311,14 @@ func (c *Chain) Rollback(ctx context.Context, req wire.UTXORollbackRequest) (*wi
 	return out, nil
 }
 
-// Prune runs one prune pass now. It also records this server's retention
-// and rollback window in the replicated state.
+// Prune runs one prune pass now. Proposed by the leader, it also records
+// this server's retention and rollback window in the replicated state;
+// otherwise it judges by those recorded.
 func (c *Chain) Prune(ctx context.Context) (*wire.UTXOPruneResponse, error) {
 	start := time.Now()
-	res, err := c.store.Propose(ctx, &fsm.Command{Op: fsm.OpUTXOPrune, UTXOPrune: &fsm.UTXOPruneCmd{Limit: c.limits.PruneBatch,
-		Retention: c.limits.Retention, Window: c.limits.Window, KeepTip: c.upgrade.EveryServerApplies()}})
+	pass := &fsm.UTXOPruneCmd{Limit: c.limits.PruneBatch, KeepTip: c.upgrade.EveryServerApplies()}
+	pass.Retention, pass.Window = c.policy()
+	res, err := c.store.Propose(ctx, &fsm.Command{Op: fsm.OpUTXOPrune, UTXOPrune: pass})
 	if err == nil && res.Err != nil {
 		err = res.Err
 	}

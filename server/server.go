@@ -261,6 +261,7 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 	chain := rm.NewChain(node, node, rm.ChainLimits{MaxEntryBytes: cfg.MaxEntryBytes, Retention: cfg.UTXORetentionBlocks,
 		Window: cfg.UTXORollbackWindow, PruneBatch: cfg.UTXOPruneBatch})
 	chain.Observe(newChainMetrics(reg).observe)
+	chain.Leads(node.IsLeader)
 	pruner := sweeper.NewPruner(chain, pruneDue{node, chain}, cfg.UTXOPruneInterval, log)
 	node.OnLeadership(pruner.SetLeader)
 	forgetter := sweeper.NewForgetter(sweepProposer, forgettableKeys{node}, node, sweeper.ForgetConfig{Logger: log})
