@@ -39,6 +39,7 @@ const (
 	maxSatoshis       = 21_000_000 * 100_000_000
 	maxVouts          = 1 << 24
 	maxUTXOItems      = 1 << 16
+	maxRecords        = 1 << 20 // records of one transaction the state machine takes
 )
 
 // UTXOLockTTL is the lifetime of the lock record of a creation of n records.
@@ -222,6 +223,10 @@ func (u *UTXOs) plan(req wire.UTXOCreateRequest) (*createPlan, error) {
 	}
 	batch := uint32(u.limits.BatchSize)
 	n := int((m.Vouts + batch - 1) / batch)
+	if n > maxRecords {
+		return nil, errcode.InvalidUTXORequest.With("vouts up to %d need %d records of %d outputs; at most %d",
+			m.Vouts-1, n, batch, maxRecords)
+	}
 	m.Records = n
 	p := &createPlan{txid: txid}
 	if p.txn, p.ttl, err = u.txnTTL(req.TxnID, req.TTLSeconds, UTXOLockTTL(n)); err != nil {

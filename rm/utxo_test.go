@@ -655,6 +655,21 @@ func TestUTXOBadInput(t *testing.T) {
 	}
 }
 
+// A transaction whose vouts, in records of the server's batch size, need
+// more records than the state machine takes is refused as a bad request
+// (invalid_utxo_request) before anything is proposed, not as a malformed
+// command of the state machine.
+func TestUTXOCreateOfTooManyRecordsIsABadRequest(t *testing.T) {
+	f := newUTXOFixture(t, 4)
+	req := wire.UTXOCreateRequest{TxID: h32("sparse"), Outputs: []wire.UTXOOutput{{Vout: maxVouts - 1, UTXOHash: h32("sparse/0"), Satoshis: 1}}}
+	if _, err := f.u.Create(f.ctx, req); !errors.Is(err, errcode.InvalidUTXORequest) {
+		t.Fatalf("create of %d records: %v, want %s", (maxVouts+3)/4, err, errcode.InvalidUTXORequest.Code)
+	}
+	if _, err := f.u.Get(f.ctx, req.TxID, Linearizable); !errors.Is(err, errcode.TxNotFound) {
+		t.Fatalf("the refused create wrote something: %v", err)
+	}
+}
+
 // ttl_seconds is compared with the maximum before it becomes a duration:
 // values whose nanoseconds overflow (to a negative TTL, or around to an
 // allowed one) are invalid_ttl like any other TTL above the maximum, and
