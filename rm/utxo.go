@@ -105,15 +105,23 @@ func clip(s string) string {
 	return s
 }
 
+// txIDs validates a list of transaction ids and returns each once, lower
+// case, in the order first listed: a transaction listed twice is updated,
+// and counted, once.
 func txIDs(ids []string) ([]string, error) {
 	if len(ids) == 0 || len(ids) > maxUTXOItems {
 		return nil, errcode.InvalidUTXORequest.With("txids must list 1-%d transactions", maxUTXOItems)
 	}
-	out := make([]string, len(ids))
-	for i, id := range ids {
-		var err error
-		if out[i], err = TxIDHex(id); err != nil {
+	out := make([]string, 0, len(ids))
+	seen := make(map[string]bool, len(ids))
+	for _, raw := range ids {
+		id, err := TxIDHex(raw)
+		if err != nil {
 			return nil, err
+		}
+		if !seen[id] {
+			seen[id] = true
+			out = append(out, id)
 		}
 	}
 	return out, nil

@@ -670,6 +670,38 @@ func TestUTXOCreateOfTooManyRecordsIsABadRequest(t *testing.T) {
 	}
 }
 
+// A transaction listed twice (in either case) in a flag, preserve, mined or
+// longest-chain request is one transaction: it is updated, or not found,
+// once.
+func TestUTXOTxidListedTwiceCountsOnce(t *testing.T) {
+	f := newUTXOFixture(t, 0)
+	f.create(tx("twice", 1))
+	id := h32("twice")
+	ids := []string{id, strings.ToUpper(id), h32("absent"), h32("absent")}
+	for name, call := range map[string]func() (*wire.UTXOUpdateResponse, error){
+		"conflicting": func() (*wire.UTXOUpdateResponse, error) {
+			return f.u.SetConflicting(f.ctx, wire.UTXOFlagRequest{TxIDs: ids, Value: true})
+		},
+		"locked": func() (*wire.UTXOUpdateResponse, error) {
+			return f.u.SetLocked(f.ctx, wire.UTXOFlagRequest{TxIDs: ids})
+		},
+		"preserve": func() (*wire.UTXOUpdateResponse, error) {
+			return f.u.Preserve(f.ctx, wire.UTXOPreserveRequest{TxIDs: ids, UntilHeight: 10})
+		},
+		"mined": func() (*wire.UTXOUpdateResponse, error) {
+			return f.u.SetMined(f.ctx, wire.UTXOMinedRequest{TxIDs: ids, BlockID: 1, BlockHeight: 1, OnLongestChain: true})
+		},
+		"longest chain": func() (*wire.UTXOUpdateResponse, error) {
+			return f.u.SetLongestChain(f.ctx, wire.UTXOLongestChainRequest{TxIDs: ids, OnLongestChain: true})
+		},
+	} {
+		out, err := call()
+		if err != nil || out.Updated != 1 || !slices.Equal(out.NotFound, []string{h32("absent")}) {
+			t.Errorf("%s of a transaction listed twice: %+v, %v; want 1 updated, 1 not found", name, out, err)
+		}
+	}
+}
+
 // ttl_seconds is compared with the maximum before it becomes a duration:
 // values whose nanoseconds overflow (to a negative TTL, or around to an
 // allowed one) are invalid_ttl like any other TTL above the maximum, and
