@@ -116,8 +116,9 @@ const formatV10 = 10
 // the delivery as nacked (a retried nack is answered as the first); a
 // withdrawn acquire whose request was granted a lease that has run out
 // since is answered as withdrawn, not with that lease; and a dead letter
-// that replaces one in flight with its id ends that one's delivery. It is
-// framed as formatV1.
+// that replaces one in flight with its id ends that one's delivery; and a
+// staged UTXO create over the records of an unfinished creation outside any
+// transaction is refused (tx_exists). It is framed as formatV1.
 const formatV11 = 11
 
 // EntryFormat is the newest entry format this build applies. Nodes announce

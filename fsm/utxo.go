@@ -502,6 +502,12 @@ func (s *applyState) utxoLockPhase(c *UTXOCreateCmd, txid []byte) *Result {
 	if m != nil && m.Master.StagedBy != "" {
 		return txExists("the transaction is staged by transaction " + m.Master.StagedBy)
 	}
+	if m != nil && c.TxnID != "" && s.rules() >= formatV11 {
+		// The records an unfinished creation outside any transaction left
+		// are not the transaction's: its decision could neither complete
+		// nor remove them (from format 11 on).
+		return txExists("an earlier creation of the transaction, outside any transaction, is unfinished: create it without a transaction to finish it")
+	}
 	if s.lockBlocks(txid, c.Owner) {
 		return txExists("the transaction is being created")
 	}
