@@ -179,23 +179,39 @@ func (c *Checker) PeerHTTPConfig(host string) *tls.Config {
 			if err := leaf.VerifyHostname(host); err != nil {
 				return fmt.Errorf("auth: %w", err)
 			}
-			id, err := c.check(cs.PeerCertificates, true, time.Now(), x509.ExtKeyUsageServerAuth)
-			if err != nil {
-				return err
-			}
-			if id.Role != RoleServer {
-				return fmt.Errorf("%w: a %s certificate is not a server's", ErrWrongRole, id.Role)
-			}
-			return nil
+			return c.checkPeer(cs.PeerCertificates)
 		}}
 }
 
+// checkPeer checks the chain a peer's server presented against the
+// island's CA, the trust list and the denylist as they are now.
+func (c *Checker) checkPeer(chain []*x509.Certificate) error {
+	id, err := c.check(chain, true, time.Now(), x509.ExtKeyUsageServerAuth)
+	if err != nil {
+		return err
+	}
+	if id.Role != RoleServer {
+		return fmt.Errorf("%w: a %s certificate is not a server's", ErrWrongRole, id.Role)
+	}
+	return nil
+}
+
 // DialPeer connects to a peer's HTTP API at addr (host:port) over TLS
-// with PeerHTTPConfig; it is an http.Transport's DialTLSContext.
+// with PeerHTTPConfig; it is an http.Transport's DialTLSContext. The
+// connection checks the peer's chain again before it sends anything once
+// the access lists have changed since it was checked, so that a CA taken
+// off the trust list (or a revoked serial) is refused on connections kept
+// open from before as on new ones.
 func (c *Checker) DialPeer(ctx context.Context, network, addr string) (net.Conn, error) {
 	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
 		return nil, fmt.Errorf("auth: peer address %q: %w", addr, err)
+	}
+	// The generation read before the handshake: lists that change during
+	// it are checked again at the first write.
+	_, _, gen, err := c.current()
+	if err != nil {
+		return nil, err
 	}
 	d := tls.Dialer{NetDialer: &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second},
 		Config: c.PeerHTTPConfig(host)}
@@ -203,5 +219,42 @@ func (c *Checker) DialPeer(ctx context.Context, network, addr string) (net.Conn,
 	if err != nil {
 		return nil, fmt.Errorf("auth: %w", err)
 	}
-	return conn, nil
+	tc := conn.(*tls.Conn)
+	return &peerConn{Conn: tc, c: c, chain: tc.ConnectionState().PeerCertificates, gen: gen}, nil
+}
+
+// peerConn is a connection to a peer's API whose chain was accepted under
+// the access lists of generation gen.
+type peerConn struct {
+	net.Conn
+	c     *Checker
+	chain []*x509.Certificate
+
+	mu  sync.Mutex
+	gen uint64
+}
+
+// Write sends b once the peer's chain is accepted under the current access
+// lists; a chain they refuse closes the connection with nothing sent (an
+// http.Transport then dials again, which the handshake refuses).
+func (p *peerConn) Write(b []byte) (int, error) {
+	if err := p.recheck(); err != nil {
+		_ = p.Conn.Close()
+		return 0, fmt.Errorf("auth: the peer is no longer accepted: %w", err)
+	}
+	return p.Conn.Write(b)
+}
+
+func (p *peerConn) recheck() error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, _, gen, err := p.c.current()
+	if err != nil || gen == p.gen {
+		return err
+	}
+	if err := p.c.checkPeer(p.chain); err != nil {
+		return err
+	}
+	p.gen = gen
+	return nil
 }
