@@ -96,3 +96,45 @@ func TestAnIslandPreparedAgainThatRefusesIsToldTheRollback(t *testing.T) {
 		t.Fatalf("b, which had prepared kb1, was never told the rollback (prepares %d, applies 0)", len(remote.prepares))
 	}
 }
+
+// failingApplyRemote prepares every participant and fails to reach the
+// island with every decision.
+type failingApplyRemote struct{ countingRemote }
+
+func (r *failingApplyRemote) Apply(context.Context, string, wire.TxnDecisionRequest) (wire.TxnDecisionResponse, error) {
+	return wire.TxnDecisionResponse{}, errcode.TxnUnreachable.With("island b does not answer")
+}
+
+// A commit that the state machine records as a rollback (a lease of the
+// transaction expired here) answers txn_rolled_back, as a repeat of it
+// does, also while an island has not been told the rollback yet: it does
+// not answer txn_fanout_failed, which says the decision asked for was
+// recorded.
+func TestACommitRecordedAsARollbackAnswersTheRollbackWhileAnIslandMissesIt(t *testing.T) {
+	store := newApplyStore(t, time.UnixMilli(50_000_000))
+	ctx := context.Background()
+	if _, err := store.Propose(ctx, &fsm.Command{Op: fsm.OpSetBackend, SetBackend: &fsm.SetBackendCmd{Hash: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	c := New(store, fixedIsland{"a", []string{"https://a1"}}, &failingApplyRemote{}, store, Config{FanoutAttempts: 1})
+	if _, err := c.Register(ctx, fsm.RMRegisterCmd{Backend: "b", Endpoint: "https://b1", PassedOn: true, ChangedAt: 1_000}); err != nil {
+		t.Fatal(err)
+	}
+	txn := "d4u1jq0n4ncs73cnv2h0"
+	if _, err := store.Propose(ctx, &fsm.Command{Op: fsm.OpAcquire, Acquire: &fsm.AcquireCmd{Namespace: "default", Key: "ka",
+		Owner: "w", TxnID: txn, LeaseID: "d4u1jq0n4ncs73cnv2hg", RequestID: "r1", TTL: 5_000}}); err != nil {
+		t.Fatal(err)
+	}
+	store.now = store.now.Add(10 * time.Second) // the lease expired; no sweep ran yet
+	commit := Decision{TxnID: txn, State: fsm.TxnCommit, Participants: []fsm.Participant{
+		{Namespace: "default", Key: "ka"}, {Backend: "b", Namespace: "default", Key: "kb"}}}
+	for _, attempt := range []string{"commit", "repeated commit"} {
+		_, err := c.Decide(ctx, commit)
+		if e := envelope(err); e == nil || e.Code != errcode.TxnRolledBack.Code {
+			t.Fatalf("%s: %v, want txn_rolled_back", attempt, err)
+		}
+	}
+	if rec, _ := c.record(ctx, txn); rec == nil || rec.State != fsm.TxnRollback || rec.Reason != fsm.ReasonExpired {
+		t.Fatalf("record: %+v", rec)
+	}
+}

@@ -568,13 +568,16 @@ func (c *Coordinator) finish(ctx context.Context, d Decision, reason, detail str
 	if err != nil {
 		return nil, err
 	}
-	if err := c.fanout(ctx, info, d.settled...); err != nil {
-		return info, err
-	}
+	err = c.fanout(ctx, info, d.settled...)
 	if info.State != d.State && d.State != fsm.TxnRollback {
+		// A commit recorded as a rollback (a lease of the transaction
+		// expired) answers the rollback, as a repeat of the request does,
+		// whether or not every island has it yet: txn_fanout_failed would
+		// say the commit was recorded. The resolver sends it to the islands
+		// still missing it.
 		return info, outcomeErr(info)
 	}
-	return info, nil
+	return info, err
 }
 
 func remoteBackends(ps []fsm.Participant, self string) []string {
