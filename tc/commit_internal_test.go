@@ -138,3 +138,65 @@ func TestACommitRecordedAsARollbackAnswersTheRollbackWhileAnIslandMissesIt(t *te
 		t.Fatalf("record: %+v", rec)
 	}
 }
+
+// slowRemote prepares every participant, taking until after the moment
+// the store's clock is moved to; it records the decisions it is sent.
+type slowRemote struct {
+	countingRemote
+	store *applyStore
+	after time.Time
+}
+
+func (r *slowRemote) Prepare(ctx context.Context, ep string, req wire.TxnDecisionRequest) (wire.TxnDecisionResponse, error) {
+	r.store.mu.Lock()
+	r.store.now = r.after
+	r.store.mu.Unlock()
+	return r.countingRemote.Prepare(ctx, ep, req)
+}
+
+// A pending decision whose expiry passes while the other islands prepare is
+// presumed aborted: the prepare answers txn_rolled_back and the islands
+// that prepared are told the rollback, rather than the prepare failing
+// with an internal error because the state machine refuses to extend a
+// pending decision past its expiry.
+func TestAPendingDecisionThatExpiresWhileIslandsPrepareIsRolledBack(t *testing.T) {
+	store := newApplyStore(t, time.UnixMilli(50_000_000))
+	ctx := context.Background()
+	if _, err := store.Propose(ctx, &fsm.Command{Op: fsm.OpSetBackend, SetBackend: &fsm.SetBackendCmd{Hash: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	expiry := store.now.Add(2 * time.Second)
+	remote := &slowRemote{store: store, after: expiry.Add(time.Millisecond)}
+	c := New(store, fixedIsland{"a", []string{"https://a1"}}, remote, store, Config{FanoutAttempts: 1})
+	if _, err := c.Register(ctx, fsm.RMRegisterCmd{Backend: "b", Endpoint: "https://b1", PassedOn: true, ChangedAt: 1_000}); err != nil {
+		t.Fatal(err)
+	}
+	txn := "d4u1jq0n4ncs73cnv2i0"
+	_, err := c.Decide(ctx, Decision{TxnID: txn, State: fsm.TxnPending, ExpiresAt: expiry, Participants: []fsm.Participant{
+		{Namespace: "default", Key: "ka"}, {Backend: "b", Namespace: "default", Key: "kb"}}})
+	if e := envelope(err); e == nil || e.Code != errcode.TxnRolledBack.Code {
+		t.Fatalf("prepare: %v, want txn_rolled_back", err)
+	}
+	if rec, _ := c.record(ctx, txn); rec == nil || rec.State != fsm.TxnRollback || rec.Reason != fsm.ReasonPresumedAbort {
+		t.Fatalf("record: %+v", rec)
+	}
+	if len(remote.applies) != 1 || remote.applies[0].State != fsm.TxnRollback {
+		t.Fatalf("b, which prepared, was not told the rollback: %+v", remote.applies)
+	}
+}
+
+// A pending decision whose expiry has passed when it would be recorded is
+// refused as invalid_ttl, as an expiry in the past is at the endpoint, not
+// with an internal error.
+func TestAPendingDecisionExpiredBeforeItIsRecordedIsInvalidTTL(t *testing.T) {
+	c, _ := countingCoordinator(t)
+	now := c.clock.Now()
+	_, err := c.Decide(context.Background(), Decision{TxnID: "d4u1jq0n4ncs73cnv2ig", State: fsm.TxnPending, ExpiresAt: now,
+		Participants: []fsm.Participant{{Namespace: "default", Key: "ka"}}})
+	if e := envelope(err); e == nil || e.Code != errcode.InvalidTTL.Code {
+		t.Fatalf("prepare: %v, want invalid_ttl", err)
+	}
+	if rec, _ := c.record(context.Background(), "d4u1jq0n4ncs73cnv2ig"); rec != nil {
+		t.Fatalf("record: %+v", rec)
+	}
+}

@@ -462,6 +462,11 @@ func (c *Coordinator) prepare(ctx context.Context, d Decision) (*fsm.TxnInfo, er
 	}
 	info, err := c.propose(ctx, &fsm.DecideCmd{TxnID: d.TxnID, State: fsm.TxnPending, Participants: d.Participants,
 		ExpiresAt: d.ExpiresAt.UnixMilli(), Owner: d.Owner, LeaseID: xid.New().String()})
+	if c.expired(err, d.ExpiresAt) {
+		// The expiry was in the future when the request was checked, and
+		// had passed by the time of the entry.
+		return nil, errcode.InvalidTTL.With("expires_at_unix passed before the pending decision was recorded")
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -477,7 +482,22 @@ func (c *Coordinator) prepare(ctx context.Context, d Decision) (*fsm.TxnInfo, er
 	if len(remotes) == 0 {
 		return info, nil
 	}
-	return c.propose(ctx, &fsm.DecideCmd{TxnID: d.TxnID, State: fsm.TxnPending, Prepared: remotes})
+	done, err := c.propose(ctx, &fsm.DecideCmd{TxnID: d.TxnID, State: fsm.TxnPending, Prepared: remotes})
+	if c.expired(err, time.UnixMilli(info.ExpiresAt)) {
+		// The pending decision expired while the other islands prepared:
+		// it is presumed aborted, as the sweeper would have it, and the
+		// islands that prepared are told so.
+		return c.abort(ctx, d, fsm.ReasonPresumedAbort, "the pending decision expired")
+	}
+	return done, err
+}
+
+// expired reports whether err is the state machine's refusal of a pending
+// decision whose expiry, at, has passed (by the leader's clock, which
+// stamps the entries).
+func (c *Coordinator) expired(err error, at time.Time) bool {
+	e := envelope(err)
+	return e != nil && e.Code == errcode.MalformedCmd.Code && !c.clock.Now().Before(at)
 }
 
 // commit prepares what is not prepared yet, records the commit and fans it
