@@ -2,6 +2,7 @@ package rm
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"time"
@@ -141,7 +142,7 @@ func (e *Enlisted) Prepare(ctx context.Context, c Coordinated) (*fsm.TxnInfo, er
 	}
 	var done *fsm.TxnInfo
 	var conflict *errcode.Error
-	holds := false
+	holds := false // the transaction has a record here: it may hold something
 	err = e.store.Read(ctx, func(v *fsm.View) error {
 		if seen := v.TCTerm(c.Home); c.Term < seen {
 			return errcode.TCTermStale.With("term %d of island %s's coordinator is older than %d", c.Term, c.Home, seen)
@@ -151,9 +152,10 @@ func (e *Enlisted) Prepare(ctx context.Context, c Coordinated) (*fsm.TxnInfo, er
 			done = &fsm.TxnInfo{TxnID: c.TxnID, State: t.State, Reason: t.Reason, Detail: t.Detail, Home: t.Home, TCTerm: t.TCTerm}
 			return nil
 		}
+		holds = t != nil
 		for _, p := range c.Participants {
 			if holder, ok := v.Conflict(p.Namespace, p.Key, c.TxnID, c.Owner); ok {
-				conflict, holds = errcode.TxnLockConflict.With("%s%s", fsm.LockedPrefix, holder), t != nil
+				conflict = errcode.TxnLockConflict.With("%s%s", fsm.LockedPrefix, holder)
 				return nil
 			}
 		}
@@ -166,26 +168,36 @@ func (e *Enlisted) Prepare(ctx context.Context, c Coordinated) (*fsm.TxnInfo, er
 		return done, err
 	}
 	if conflict != nil {
-		// The coordinator rolls the transaction back for good and counts
-		// an island that answered a conflict as done. One where the
-		// transaction holds something already (a lease it took here, a
-		// delivery) rolls it back itself before answering, so that nothing
-		// stays held and nothing commits here later.
-		if holds {
-			if _, err := e.store.Propose(ctx, &fsm.Command{Op: fsm.OpTxnRMApply, RMApply: &fsm.RMApplyCmd{
-				TxnID: c.TxnID, State: fsm.TxnRollback, Home: c.Home, Term: c.Term, Participants: local(c.Participants)}}); err != nil {
-				return nil, err
-			}
-		}
-		return nil, conflict
+		return nil, e.conflicted(ctx, c, conflict, holds)
 	}
 	res, err := e.store.Propose(ctx, &fsm.Command{Op: fsm.OpTxnPrepare, Prepare: &fsm.PrepareCmd{
 		TxnID: c.TxnID, Home: c.Home, Term: c.Term, ExpiresAt: c.ExpiresAt.UnixMilli(), Owner: c.Owner,
 		LeaseID: xid.New().String(), Participants: local(c.Participants)}})
+	var refused *errcode.Error
+	if errors.As(err, &refused) && refused.Code == errcode.TxnLockConflict.Code {
+		// Another holder took a participant after the look above: the
+		// conflict is answered as one found there.
+		return nil, e.conflicted(ctx, c, refused, holds)
+	}
 	if err != nil {
 		return nil, err
 	}
 	return res.Txn, nil
+}
+
+// conflicted answers a prepare's lock conflict. The coordinator rolls the
+// transaction back for good and counts an island that answered a conflict
+// as done. One where the transaction holds something already (a lease it
+// took here, a delivery: holds) rolls it back itself before answering, so
+// that nothing stays held and nothing commits here later.
+func (e *Enlisted) conflicted(ctx context.Context, c Coordinated, conflict *errcode.Error, holds bool) error {
+	if holds {
+		if _, err := e.store.Propose(ctx, &fsm.Command{Op: fsm.OpTxnRMApply, RMApply: &fsm.RMApplyCmd{
+			TxnID: c.TxnID, State: fsm.TxnRollback, Home: c.Home, Term: c.Term, Participants: local(c.Participants)}}); err != nil {
+			return err
+		}
+	}
+	return conflict
 }
 
 // covers reports whether every participant of want is in have (this
