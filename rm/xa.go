@@ -174,10 +174,15 @@ func (e *Enlisted) Prepare(ctx context.Context, c Coordinated) (*fsm.TxnInfo, er
 		TxnID: c.TxnID, Home: c.Home, Term: c.Term, ExpiresAt: c.ExpiresAt.UnixMilli(), Owner: c.Owner,
 		LeaseID: xid.New().String(), Participants: local(c.Participants)}})
 	var refused *errcode.Error
-	if errors.As(err, &refused) && refused.Code == errcode.TxnLockConflict.Code {
+	switch {
+	case errors.As(err, &refused) && refused.Code == errcode.TxnLockConflict.Code:
 		// Another holder took a participant after the look above: the
 		// conflict is answered as one found there.
 		return nil, e.conflicted(ctx, c, refused, holds)
+	case errors.As(err, &refused) && refused.Code == errcode.MalformedCmd.Code && !e.clock.Now().Before(c.ExpiresAt):
+		// The expiry was in the future when the request was read, and had
+		// passed by the time of the entry.
+		return nil, errcode.InvalidTTL.With("expires_at_unix passed before the prepare was recorded")
 	}
 	if err != nil {
 		return nil, err

@@ -65,3 +65,22 @@ func TestAConflictFoundWhenThePrepareIsAppliedRollsBackWhatTheTransactionHeld(t 
 		t.Fatalf("the transaction still holds k1 after answering the conflict: lease %+v, record %+v", rec.Lease, tr)
 	}
 }
+
+// A prepare whose expiry has passed by the time its entry is stamped is
+// refused as invalid_ttl, as one whose expiry had passed when the request
+// was read is, not with an internal error.
+func TestAPrepareExpiredBeforeItIsRecordedIsInvalidTTL(t *testing.T) {
+	s := newFSMStore(t)
+	e := NewEnlisted(s, s, storeClock{s}, 30*time.Second)
+	txn := xid.New().String()
+	_, err := e.Prepare(context.Background(), Coordinated{TxnID: txn, Home: "island-h", Term: 1,
+		ExpiresAt: time.UnixMilli(s.now), Participants: []fsm.Participant{{Namespace: "default", Key: "k"}}})
+	if ee := (*errcode.Error)(nil); !errors.As(err, &ee) || ee.Code != errcode.InvalidTTL.Code {
+		t.Fatalf("prepare: %v, want invalid_ttl", err)
+	}
+	var tr *fsm.TxnRecord
+	_ = s.f.View(func(v *fsm.View) error { tr = v.Txn(txn); return nil })
+	if tr != nil {
+		t.Fatalf("the refused prepare recorded %+v", tr)
+	}
+}
