@@ -399,36 +399,61 @@ func (c *Coordinator) SyncRegistry(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	tell := map[string][]wireChange{}
+	// Each island is told through its endpoints in turn (a configured
+	// peer through the one given): one that does not answer, such as a
+	// member that is down, is passed over for the next.
+	type audience struct {
+		endpoints []string
+		changes   []wireChange
+	}
+	tell := map[string]*audience{} // by the first endpoint to tell
+	add := func(endpoints []string, changes []wireChange) {
+		a := tell[endpoints[0]]
+		if a == nil {
+			a = &audience{}
+			tell[endpoints[0]] = a
+		}
+		if len(endpoints) > len(a.endpoints) {
+			a.endpoints = endpoints
+		}
+		a.changes = append(a.changes, changes...)
+	}
 	for _, peer := range c.cfg.Peers {
-		tell[peer] = append(tell[peer], changesOf(self, all[self], false)...)
+		add([]string{peer}, changesOf(self, all[self], false))
 	}
 	for _, to := range sortedKeys(rms) {
 		if to == self {
 			continue
 		}
-		at := rms[to].Endpoints[0]
 		for _, b := range sortedKeys(all) {
 			// An island is told only the removals of its own endpoints:
 			// one it still has as a member it registers again.
-			tell[at] = append(tell[at], changesOf(b, all[b], b == to)...)
+			add(rms[to].Endpoints, changesOf(b, all[b], b == to))
 		}
 	}
-	errs := eachIsland(sortedKeys(tell), func(at string) error {
-		var first error
-		for _, ch := range tell[at] {
-			actx, cancel := context.WithTimeout(ctx, c.cfg.FanoutTimeout)
-			_, err := c.remote.Register(actx, at, ch.req, ch.remove)
-			cancel()
-			switch {
-			case err == nil, isReplicationPartial(err):
-			case transient(unwrapEnvelope(err)):
-				return err // it does not answer: telling it more would only wait longer
-			case first == nil:
-				first = err
+	errs := eachIsland(sortedKeys(tell), func(first string) error {
+		a := tell[first]
+		var refused error
+		at := 0
+		for _, ch := range a.changes {
+			for {
+				actx, cancel := context.WithTimeout(ctx, c.cfg.FanoutTimeout)
+				_, err := c.remote.Register(actx, a.endpoints[at], ch.req, ch.remove)
+				cancel()
+				switch {
+				case err == nil, isReplicationPartial(err):
+				case transient(unwrapEnvelope(err)) && at+1 < len(a.endpoints) && ctx.Err() == nil:
+					at++ // this endpoint does not answer: the next is told instead
+					continue
+				case transient(unwrapEnvelope(err)):
+					return err // it does not answer: telling it more would only wait longer
+				case refused == nil:
+					refused = err
+				}
+				break
 			}
 		}
-		return first
+		return refused
 	})
 	if failed := sortedKeys(errs); len(failed) > 0 {
 		return errs[failed[0]]
