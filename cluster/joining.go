@@ -1,13 +1,16 @@
 package cluster
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"time"
 
 	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 
 	"github.com/raftlockd/raftlockd/fsm"
 )
@@ -39,9 +42,16 @@ func joiningIn(raftDir string) string { return filepath.Join(raftDir, joiningFil
 
 // markFile creates the empty file name in dir, durably: a mark that
 // outlives a crash.
-func markFile(dir, name string) error {
-	f, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_WRONLY, 0o600)
+func markFile(dir, name string) error { return writeMark(dir, name, nil) }
+
+// writeMark writes the file name in dir holding mark, durably.
+func writeMark(dir, name string, mark []byte) error {
+	f, err := os.OpenFile(filepath.Join(dir, name), os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
 	if err != nil {
+		return fmt.Errorf("cluster: %w", err)
+	}
+	if _, err := f.Write(mark); err != nil {
+		f.Close()
 		return fmt.Errorf("cluster: %w", err)
 	}
 	if err := f.Sync(); err != nil {
@@ -68,6 +78,59 @@ func (n *Node) founded() error {
 		return nil
 	}
 	return n.joined("founds a new cluster")
+}
+
+// joiningKey names, in the Raft log store's stable keys, the mark the
+// joining file holds: the mark belongs to that store. An operator who
+// replaces the store with another server's copy (the way on after a
+// majority lost their data, see README.md) leaves the file behind in the
+// Raft directory; the copied store does not hold the mark, so the server
+// votes with the log it was given instead of waiting for a leader that
+// only it could help elect.
+var joiningKey = []byte("raftlockd_joining")
+
+// markJoining marks the server as joining: a random mark in the store
+// first, then the file holding it, both durably.
+func markJoining(raftDir string, store raft.StableStore) error {
+	mark := newBackendHash()
+	if err := store.Set(joiningKey, []byte(mark)); err != nil {
+		return fmt.Errorf("cluster: mark joining: %w", err)
+	}
+	return writeMark(raftDir, joiningFile, []byte(mark))
+}
+
+// joiningMarked tells whether the server is joining: the joining file
+// exists and the store holds its mark. A file without a mark was written
+// by an earlier build, which kept none in the store: it counts. A file
+// whose mark the store lacks was left behind when the store was replaced;
+// it is removed.
+func joiningMarked(raftDir string, store raft.StableStore, log *slog.Logger) (bool, error) {
+	mark, err := os.ReadFile(joiningIn(raftDir))
+	if errors.Is(err, os.ErrNotExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("cluster: %w", err)
+	}
+	if len(mark) == 0 {
+		return true, nil
+	}
+	held, err := store.Get(joiningKey)
+	switch {
+	case err == nil && bytes.Equal(held, mark):
+		return true, nil
+	case err != nil && !errors.Is(err, raftboltdb.ErrKeyNotFound):
+		return false, fmt.Errorf("cluster: read the joining mark: %w", err)
+	}
+	log.Warn("the Raft log store was replaced since this server began joining (a copy of another server's): " +
+		"it takes part in elections with the log it holds")
+	if err := os.Remove(joiningIn(raftDir)); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return false, fmt.Errorf("cluster: %w", err)
+	}
+	if err := fsm.SyncDir(raftDir); err != nil {
+		return false, fmt.Errorf("cluster: %w", err)
+	}
+	return false, nil
 }
 
 // joined ends joining, durably first.

@@ -1,12 +1,14 @@
 package cluster
 
 import (
+	"io/fs"
 	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
 )
 
 // A voter whose data directory was emptied comes back under its id and
@@ -78,7 +80,9 @@ func TestAnEmptiedVoterVotesOnlyOnceItHasCaughtUp(t *testing.T) {
 // When a majority lost their data at once, nothing is elected from what
 // is left; the documented way on copies the survivor's Raft directory and
 // state file into the emptied data directories, and the cluster leads
-// again with every acknowledged write.
+// again with every acknowledged write. The emptied servers had been
+// started (that is how the operator found out): the copy lands on their
+// own Raft directories, over what they held while joining.
 func TestAClusterThatLostAMajorityGoesOnFromTheSurvivorsCopy(t *testing.T) {
 	dirs := []string{t.TempDir(), t.TempDir(), t.TempDir()}
 	nodes := startStaticAt(t, "boot-a", dirs, []string{"127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0"})
@@ -112,18 +116,14 @@ func TestAClusterThatLostAMajorityGoesOnFromTheSurvivorsCopy(t *testing.T) {
 	if currentLeader(back) != nil {
 		t.Fatal("a leader was elected without a majority holding the data")
 	}
-	lose(back)
+	for _, n := range back {
+		if err := n.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	for _, i := range []int{1, 2} {
-		if err := os.CopyFS(filepath.Join(dirs[i], "raft"), os.DirFS(filepath.Join(dirs[0], "raft"))); err != nil {
-			t.Fatal(err)
-		}
-		raw, err := os.ReadFile(filepath.Join(dirs[0], "state.db"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dirs[i], "state.db"), raw, 0o600); err != nil {
-			t.Fatal(err)
-		}
+		copyOver(t, filepath.Join(dirs[i], "raft"), filepath.Join(dirs[0], "raft"))
+		copyOver(t, filepath.Join(dirs[i], "state.db"), filepath.Join(dirs[0], "state.db"))
 	}
 	var again []*Node
 	for i, n := range nodes {
@@ -134,6 +134,84 @@ func TestAClusterThatLostAMajorityGoesOnFromTheSurvivorsCopy(t *testing.T) {
 		waitApplied(t, n, leaderOf(t, again).fsm.Applied())
 		if !hasKey(t, n, "kept") || n.Joining() {
 			t.Fatalf("%s after the copy: kept=%v joining=%v", n.ID(), hasKey(t, n, "kept"), n.Joining())
+		}
+	}
+}
+
+// copyOver copies the file or directory tree src onto dst as `cp -r
+// src/. dst` does: files of src replace those of dst, and dst's other
+// files stay.
+func copyOver(t *testing.T, dst, src string) {
+	t.Helper()
+	err := filepath.WalkDir(src, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, err := filepath.Rel(src, path)
+		if err != nil {
+			return err
+		}
+		to := filepath.Join(dst, rel)
+		if d.IsDir() {
+			return os.MkdirAll(to, 0o700)
+		}
+		raw, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		return os.WriteFile(to, raw, 0o600)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A server restarted part way through joining holds Raft state of its
+// own log store by then; it is still joining, with the mark it wrote or
+// with the empty mark of an earlier build.
+func TestAServerRestartedWhileJoiningIsStillJoining(t *testing.T) {
+	for _, legacy := range []bool{false, true} {
+		dir := t.TempDir()
+		cfg := testConfig(dir, "boot-a")
+		cfg.Bootstrap = false
+		n, err := Open(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !n.Joining() {
+			t.Fatal("a server started without Raft state is not joining")
+		}
+		if err := n.Close(); err != nil {
+			t.Fatal(err)
+		}
+		// What a leader's first request leaves in the store: a term.
+		store, err := raftboltdb.NewBoltStore(raftLogIn(raftDirOf(dir)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := store.SetUint64([]byte("CurrentTerm"), 2); err != nil {
+			t.Fatal(err)
+		}
+		if err := store.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if legacy {
+			if err := os.WriteFile(joiningIn(raftDirOf(dir)), nil, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		again, err := Open(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if again.raft.CurrentTerm() != 2 {
+			t.Fatalf("legacy=%v: the store lost its term", legacy)
+		}
+		if !again.Joining() {
+			t.Fatalf("legacy=%v: a server restarted part way through joining votes", legacy)
+		}
+		if err := again.Close(); err != nil {
+			t.Fatal(err)
 		}
 	}
 }

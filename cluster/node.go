@@ -269,12 +269,14 @@ func Open(cfg Config) (_ *Node, err error) {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}
 	if !has && !cfg.Bootstrap {
-		if err := markFile(raftDir, joiningFile); err != nil {
+		if err := markJoining(raftDir, n.store); err != nil {
 			return nil, err
 		}
 	}
-	_, err = os.Stat(joiningIn(raftDir))
-	joining := err == nil
+	joining, err := joiningMarked(raftDir, n.store, cfg.Logger)
+	if err != nil {
+		return nil, err
+	}
 	if joining {
 		cfg.Logger.Info("joining: this server takes no part in elections until it has caught up")
 	}
