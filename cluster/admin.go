@@ -311,6 +311,14 @@ func (n *Node) Leave(ctx context.Context) error {
 	if onlyVoter(servers, n.cfg.NodeID) {
 		return errcode.LastVoter.With("node %s is the cluster's only voter; it cannot leave", n.cfg.NodeID)
 	}
+	// A server that holds no configuration has not joined a cluster (or
+	// was emptied and has heard from no leader since): no leader it can
+	// find would remove it, and looking for one would only last until the
+	// caller gives up.
+	if len(servers) == 0 {
+		return errcode.NotFound.With("node %s has not joined a cluster yet (it holds no Raft configuration): "+
+			"there is nothing to leave; stop it instead", n.cfg.NodeID)
+	}
 	for {
 		err := n.RemovePeer(ctx, n.cfg.NodeID)
 		if err == nil || errors.Is(err, errcode.NotFound) {

@@ -277,3 +277,23 @@ func TestARemovalNoticedAfterTheRestartDoesNotKeepTheServerOut(t *testing.T) {
 		t.Fatal("a removed server that restarted is kept out")
 	}
 }
+
+// A server that has not joined a cluster yet (its --join reaches nobody)
+// is in no Raft configuration: a leave says so at once, instead of
+// looking for a leader to remove it until the caller gives up, and the
+// server keeps running.
+func TestALeaveOfAServerThatHasNotJoinedSaysSo(t *testing.T) {
+	n := openNode(t, gossipConfig(t, "lone", 0, []string{freeAddr(t)}))
+	left := false
+	n.OnLeft(func() { left = true })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	err := n.Leave(ctx)
+	if !errors.Is(err, errcode.NotFound) || time.Since(start) > 2*time.Second {
+		t.Fatalf("leave of a server that has not joined: %v after %s, want not_found at once", err, time.Since(start))
+	}
+	if left {
+		t.Fatal("a server that has not joined shut down as if it had left")
+	}
+}
