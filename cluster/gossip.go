@@ -121,6 +121,9 @@ type gossip struct {
 	tooMany      atomic.Int64 // servers seen waiting for the same bootstrap, when more than expected
 	tooManyLog   warnEvery    // paces that complaint
 	otherExpect  warnEvery    // paces the one about servers waiting for a bootstrap of another size
+	twinLog      warnEvery    // paces the one about a later server running under this node's id
+
+	twinCheck atomic.Bool // a check of another server announcing this node's id is under way
 
 	promiseMu sync.Mutex
 	promise   bootstrapPromise // the bootstrap configuration this server agreed to
@@ -135,7 +138,7 @@ type gossip struct {
 func startGossip(n *Node, cfg GossipConfig) (*gossip, error) {
 	cfg.defaults()
 	g := &gossip{n: n, cfg: cfg, members: map[string]*Member{}, missing: map[string]time.Time{}, removed: map[string]string{}, leaving: map[string]string{},
-		tooManyLog: warnEvery{every: 10 * time.Second}, otherExpect: warnEvery{every: 10 * time.Second}, done: make(chan struct{})}
+		tooManyLog: warnEvery{every: 10 * time.Second}, otherExpect: warnEvery{every: 10 * time.Second}, twinLog: warnEvery{every: 10 * time.Second}, done: make(chan struct{})}
 	g.ctx, g.cancel = context.WithCancel(context.Background())
 	g.self.Store(&memberMeta{ID: n.cfg.NodeID, API: cfg.APIEndpoint, Raft: n.RaftAddr(), Expect: cfg.BootstrapExpect,
 		State: n.HasState(), Backend: n.fsm.BackendHash(), Run: newBackendHash(), Format: fsm.EntryFormat, Island: true})
@@ -168,6 +171,7 @@ func startGossip(n *Node, cfg GossipConfig) (*gossip, error) {
 	}
 	mc.Delegate = g
 	mc.Events = g
+	mc.Conflict = g
 	mc.Ping = n.clocks
 	mc.Logger = log.New(memberlistLog{log: n.cfg.Logger.With("component", "gossip")}, "", 0)
 	if cfg.Tune != nil {
@@ -303,6 +307,62 @@ func (g *gossip) observe(node *memberlist.Node, status string) {
 	}
 	g.mu.Unlock()
 	g.pilot.kick()
+}
+
+// NotifyConflict implements memberlist.ConflictDelegate: gossip heard of
+// a member named like another at a different address. When that name is
+// this node's, another server may run under this node's id (started with
+// the same --node-id, or on a copy of this one's data directory). Raft
+// tells servers apart by id: two processes answering for one voter can
+// each be elected in the same term with another server's vote, and commit
+// what the other overwrites. checkTwin stops the one that started later.
+// memberlist holds its lock here: the check runs on its own goroutine.
+func (g *gossip) NotifyConflict(existing, other *memberlist.Node) {
+	if other.Name != g.n.cfg.NodeID {
+		return
+	}
+	var meta memberMeta
+	if json.Unmarshal(other.Meta, &meta) != nil || meta.Raft == "" || meta.Raft == g.n.RaftAddr() {
+		return
+	}
+	if !g.twinCheck.CompareAndSwap(false, true) {
+		return
+	}
+	addr := other.Address()
+	if !g.n.spawn(func() {
+		defer g.twinCheck.Store(false)
+		g.checkTwin(meta.Raft, addr)
+	}) {
+		g.twinCheck.Store(false)
+	}
+}
+
+// checkTwin asks the server at Raft address raftAddr, which gossip
+// announces under this node's id, for its status. A process answering
+// there as this node is another server with this node's id: the later of
+// the two to start halts, saying why; the earlier one logs it and goes on.
+// A server that no longer answers there (one that moved, or stopped) is
+// left alone.
+func (g *gossip) checkTwin(raftAddr, gossipAddr string) {
+	ctx, cancel := context.WithTimeout(g.n.life, 2*time.Second)
+	defer cancel()
+	st, err := g.n.PeerStatus(ctx, raftAddr)
+	if err != nil || st.NodeID != g.n.cfg.NodeID || st.RaftAddr == g.n.RaftAddr() || st.Started == 0 {
+		return
+	}
+	mine := g.n.started.UnixNano()
+	if st.Started > mine || st.Started == mine && raftAddr > g.n.RaftAddr() {
+		if g.twinLog.due() {
+			g.n.cfg.Logger.Error("another server runs under this node's id; it started later and stops",
+				"raft", raftAddr, "gossip", gossipAddr)
+		}
+		return
+	}
+	g.n.cfg.Logger.Error("another server already runs under this node's id: this one, started later, stops",
+		"raft", raftAddr, "gossip", gossipAddr)
+	g.n.fsm.Halt(fmt.Errorf("cluster: another server already runs under this node's id %s (Raft %s, gossip %s): "+
+		"two servers must not share a node id (a repeated --node-id, or a copy of another server's data directory); "+
+		"this one started later and stops", g.n.cfg.NodeID, raftAddr, gossipAddr))
 }
 
 // joinLoop contacts the join addresses until one answers.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -232,4 +233,54 @@ func TestAJoinListWithItselfKeepsTryingTheOthers(t *testing.T) {
 	c.Gossip.Join = []string{c.Gossip.Bind}
 	nc := openNode(t, c)
 	waitFor(t, 10*time.Second, "c to bootstrap alone", nc.HasState)
+}
+
+// A server started under the id of one that runs (the same --node-id, or
+// a copy of its data directory) stops, saying why; the one that ran
+// first goes on, and the cluster keeps its leader.
+func TestAServerStartedUnderARunningServersIDStops(t *testing.T) {
+	first := gossipConfig(t, "n1", 3, nil)
+	join := []string{first.Gossip.Bind}
+	cfgs := []Config{first, gossipConfig(t, "n2", 3, join), gossipConfig(t, "n3", 3, join)}
+	halted := make([]chan error, len(cfgs)+1)
+	var nodes []*Node
+	for i := range cfgs {
+		halted[i] = make(chan error, 1)
+		cfgs[i].FSM.Fatal = func(err error) {
+			select {
+			case halted[i] <- err:
+			default:
+			}
+		}
+		nodes = append(nodes, openNode(t, cfgs[i]))
+	}
+	leader := leaderOf(t, nodes)
+	acquire(t, leader, "before")
+	waitApplied(t, nodes[0], leader.fsm.Applied())
+
+	twin := gossipConfig(t, "n1", 3, join)
+	halted[3] = make(chan error, 1)
+	twin.FSM.Fatal = func(err error) {
+		select {
+		case halted[3] <- err:
+		default:
+		}
+	}
+	openNode(t, twin)
+	select {
+	case err := <-halted[3]:
+		if !strings.Contains(err.Error(), "another server already runs under this node's id n1") {
+			t.Fatalf("the twin stopped with %v", err)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("a second server under n1's id kept running")
+	}
+	for i := range cfgs {
+		select {
+		case err := <-halted[i]:
+			t.Fatalf("%s stopped: %v", nodes[i].ID(), err)
+		default:
+		}
+	}
+	acquire(t, leaderOf(t, nodes), "after")
 }

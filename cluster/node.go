@@ -139,6 +139,7 @@ type Node struct {
 	readyTerm atomic.Uint64 // term whose first no-op is applied: reads are safe in it
 	stamps    stampClock
 	clocks    *clockSync // the members' median clock, which stamps commands
+	started   time.Time  // when Open began: of two servers running under one id, the later one stops
 	watchMu   sync.Mutex // guards watchers, onLeft and leaderCh; never held while calling out
 	watchers  []func(isLeader bool)
 	// callMu orders leadership deliveries: it is held while watchers are
@@ -177,7 +178,7 @@ func Open(cfg Config) (_ *Node, err error) {
 	}
 	// n is not the result: the closers below use it after a failed Open
 	// has answered nil.
-	n := &Node{cfg: cfg, leaderCh: make(chan struct{}), notify: make(chan bool, 8),
+	n := &Node{cfg: cfg, started: time.Now(), leaderCh: make(chan struct{}), notify: make(chan bool, 8),
 		observeCh: make(chan raft.Observation, 64), done: make(chan struct{})}
 	n.life, n.endLife = context.WithCancel(context.Background())
 	closers := []io.Closer{closerFunc(func() error { n.endLife(); return nil })}
@@ -463,6 +464,9 @@ type Status struct {
 	LastContactMs int64  `json:"last_contact_ms"` // since the leader was last heard; 0 on the leader, -1 if never heard
 	BackendHash   string `json:"backend_hash,omitempty"`
 	Joining       bool   `json:"joining,omitempty"` // catching up after joining: takes no part in elections yet
+	// Started is when this server's process opened the node (Unix
+	// nanoseconds; 0 from builds that do not report it).
+	Started int64 `json:"started_unix_nano,omitempty"`
 }
 
 // Status reports this node's Raft state.
@@ -471,7 +475,7 @@ func (n *Node) Status() Status {
 	st := Status{NodeID: n.cfg.NodeID, RaftAddr: n.RaftAddr(), State: n.raft.State().String(), Leader: string(id),
 		LeaderAddr: string(addr), Term: n.raft.CurrentTerm(), LastIndex: n.raft.LastIndex(),
 		LastLogTerm: parseUint(n.raft.Stats()["last_log_term"]), CommitIndex: n.raft.CommitIndex(),
-		AppliedIndex: n.fsm.Applied(), BackendHash: n.fsm.BackendHash(), Joining: n.Joining()}
+		AppliedIndex: n.fsm.Applied(), BackendHash: n.fsm.BackendHash(), Joining: n.Joining(), Started: n.started.UnixNano()}
 	if !n.IsLeader() {
 		st.LastContactMs = -1
 		if lc := n.raft.LastContact(); !lc.IsZero() {
