@@ -70,7 +70,21 @@ func (n *Node) leaderOfMembers(ctx context.Context) raft.ServerAddress {
 	return ""
 }
 
-func (n *Node) removeLocal(ctx context.Context, id string) error {
+func (n *Node) removeLocal(ctx context.Context, id string) error { return n.remove(ctx, id, nil) }
+
+// removeFailed removes server id, which gossip held dead with run
+// deadRun long enough for the cleanup of dead servers, unless it has come
+// back since: autopilot decides from the state it last gathered. The
+// leader keeps out only the run that failed, so a restart that comes
+// after the removal is added back.
+func (n *Node) removeFailed(ctx context.Context, id, deadRun string) error {
+	return n.remove(ctx, id, &deadRun)
+}
+
+// remove takes server id out of the configuration on the leader; deadRun
+// is the run of a failed server (removeFailed), nil for an operator's
+// removal.
+func (n *Node) remove(ctx context.Context, id string, deadRun *string) error {
 	cf := n.raft.GetConfiguration()
 	if err := cf.Error(); err != nil {
 		return n.raftErr(err)
@@ -106,7 +120,11 @@ func (n *Node) removeLocal(ctx context.Context, id string) error {
 	// Gossip may still see the server alive; the leader must not add it
 	// straight back.
 	if n.gossip != nil {
-		n.gossip.forget(id)
+		if deadRun == nil {
+			n.gossip.forget(id)
+		} else if !n.gossip.forgetFailed(id, *deadRun) {
+			return fmt.Errorf("cluster: server %s is alive again: it is not removed", id)
+		}
 	}
 	if _, err := n.await(func() raft.Future { return n.raft.RemoveServer(raft.ServerID(id), 0, timeout) }); err != nil {
 		if n.gossip != nil {

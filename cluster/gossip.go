@@ -896,6 +896,19 @@ func (g *gossip) forget(id string) {
 	g.mu.Unlock()
 }
 
+// forgetFailed is forget for a server removed as failed, which gossip
+// held dead with run deadRun: false, forgetting nothing, when gossip sees
+// it alive again; otherwise only that run is kept out.
+func (g *gossip) forgetFailed(id, deadRun string) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if m := g.members[id]; m != nil && m.Status == "alive" {
+		return false
+	}
+	g.removed[id] = deadRun
+	return true
+}
+
 // unforget undoes forget after a removal that did not happen.
 func (g *gossip) unforget(id string) {
 	g.mu.Lock()

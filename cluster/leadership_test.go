@@ -257,10 +257,22 @@ func TestCloseWaitsForFailedServerRemoval(t *testing.T) {
 		leader = currentLeader(nodes)
 		return leader != nil && leader.raft.AddVoter("ghost", raft.ServerAddress(hn.addr), 0, 5*time.Second).Error() == nil
 	})
-	// Removing a follower asks the remaining voters whether they are live;
-	// the ghost cannot be reached.
+	// Removing a failed follower asks the remaining voters whether they
+	// are live; the ghost cannot be reached.
+	failed := followers(nodes, leader)[0]
+	if err := failed.Close(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "gossip to see the follower dead", func() bool {
+		for _, m := range leader.Members() {
+			if m.ID == failed.ID() {
+				return m.Status == "dead"
+			}
+		}
+		return false
+	})
 	p := leader.gossip.pilot
-	p.RemoveFailedServer(&autopilot.Server{ID: raft.ServerID(followers(nodes, leader)[0].ID())})
+	p.RemoveFailedServer(&autopilot.Server{ID: raft.ServerID(failed.ID())})
 	select {
 	case <-hn.dialing:
 	case <-time.After(10 * time.Second):
@@ -543,4 +555,46 @@ func TestAFailedLeadershipTransferIsUnavailableNotAFault(t *testing.T) {
 	if !errors.As(err, &e) || e.RetryAfter == 0 {
 		t.Fatalf("transfer failure %v carries no retry_after_seconds", err)
 	}
+}
+
+// Autopilot decides from the state it last gathered that a server has
+// been dead long enough; the server may have come back since. The removal
+// that follows does not keep the restarted server out of the cluster: it
+// stays a voter, or is added back.
+func TestACleanupOfAServerThatCameBackDoesNotKeepItOut(t *testing.T) {
+	first := gossipConfig(t, "n1", 3, nil)
+	join := []string{first.Gossip.Bind}
+	cfgs := []Config{first, gossipConfig(t, "n2", 3, join), gossipConfig(t, "n3", 3, join)}
+	var nodes []*Node
+	for i := range cfgs {
+		// Autopilot itself removes nothing during the test.
+		cfgs[i].Gossip.DeadServerTimeout = time.Minute
+		nodes = append(nodes, openNode(t, cfgs[i]))
+	}
+	leader := leaderOf(t, nodes)
+	victim := index(t, nodes, followers(nodes, leader)[0])
+	id := nodes[victim].ID()
+	if err := nodes[victim].Close(); err != nil {
+		t.Fatal(err)
+	}
+	gossipSees := func(status string) func() bool {
+		return func() bool {
+			for _, m := range leader.Members() {
+				if m.ID == id {
+					return m.Status == status
+				}
+			}
+			return false
+		}
+	}
+	waitFor(t, 10*time.Second, "gossip to see "+id+" dead", gossipSees("dead"))
+	back := openNode(t, cfgs[victim])
+	waitFor(t, 10*time.Second, "gossip to see "+id+" alive again", gossipSees("alive"))
+
+	p := leader.gossip.pilot
+	p.RemoveFailedServer(&autopilot.Server{ID: raft.ServerID(id)})
+	waitFor(t, 15*time.Second, "the removal to end", func() bool { return p.removes.Load() == 0 })
+	waitFor(t, 20*time.Second, id+" to be a voter again", func() bool { return voters(t, leader)[id] })
+	acquire(t, leader, "after")
+	waitFor(t, 10*time.Second, id+" to apply what follows", func() bool { return back.fsm.Applied() >= leader.fsm.Applied() })
 }

@@ -335,12 +335,24 @@ func (p *pilot) FetchServerStats(ctx context.Context, servers map[raft.ServerID]
 // removal runs on a goroutine the node's Close waits for (and cuts short).
 func (p *pilot) RemoveFailedServer(s *autopilot.Server) {
 	n := p.g.n
+	p.g.mu.Lock()
+	m := p.g.members[string(s.ID)]
+	var deadRun string
+	back := m != nil && m.Status == "alive"
+	if m != nil {
+		deadRun = m.meta.Run
+	}
+	p.g.mu.Unlock()
+	if back {
+		n.cfg.Logger.Info("not removing a failed server that came back", "id", s.ID)
+		return
+	}
 	p.removes.Add(1)
 	if !n.spawn(func() {
 		defer p.removes.Add(-1)
 		ctx, cancel := context.WithTimeout(n.life, 10*time.Second)
 		defer cancel()
-		if err := n.removeLocal(ctx, string(s.ID)); err != nil {
+		if err := n.removeFailed(ctx, string(s.ID), deadRun); err != nil {
 			n.cfg.Logger.Warn("removing failed server", "id", s.ID, "error", err)
 			return
 		}
