@@ -3,9 +3,11 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"math/rand"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
@@ -389,4 +391,46 @@ func TestGracefulStopHandsLeadershipOver(t *testing.T) {
 	}
 	t.Logf("%s exited %s after SIGTERM; first write through a survivor acknowledged %s after it",
 		c.nodes[leader].id, exited.Round(time.Millisecond), took.Round(time.Millisecond))
+}
+
+// A second process started under a running server's id (the same
+// --node-id, its certificates copied, on addresses of its own) stops with
+// exit status 70, naming the server that runs; the cluster keeps serving
+// from the one that ran first.
+func TestASecondServerUnderOneIDStops(t *testing.T) {
+	c := startProcCluster(t, 3)
+	first := c.nodes[0]
+	dir, api := t.TempDir(), testutil.FreeAddr(t)
+	if err := os.CopyFS(dir, os.DirFS(first.dir+"/tls")); err != nil {
+		t.Fatal(err)
+	}
+	var args []string
+	for i := 0; i < len(first.args); i += 2 {
+		flag, val := first.args[i], first.args[i+1]
+		switch flag {
+		case "--data-dir":
+			val = dir
+		case "--listen":
+			val = api
+		case "--raft-listen", "--gossip-listen":
+			val = testutil.FreeAddr(t)
+		}
+		args = append(args, flag, val)
+	}
+	args = append(args, "--bundle", dir+"/server.pem")
+	twin := spawnServer(t, api, args, nil)
+	select {
+	case <-twin.done:
+	case <-time.After(30 * time.Second):
+		t.Fatalf("a second server under %s kept running", first.id)
+	}
+	var exit *exec.ExitError
+	if !errors.As(twin.waitErr, &exit) || exit.ExitCode() != 70 ||
+		!strings.Contains(twin.log.String(), "another server already runs under this node's id "+first.id) {
+		t.Fatalf("the second server under %s ended with %v:\n%s", first.id, twin.waitErr, twin.log.String())
+	}
+	if first.proc.exited() {
+		t.Fatalf("%s, which ran first, stopped:\n%s", first.id, first.proc.log.String())
+	}
+	c.waitReady(0, 10*time.Second)
 }
