@@ -140,8 +140,9 @@ func (n *Node) remove(ctx context.Context, id string, deadRun *string) error {
 const peerCheckTimeout = 2 * time.Second
 
 // checkLiveMajority refuses (last_voter, 409) to remove voter id when fewer
-// of the remaining voters than a majority of them answer this node: the
-// smaller configuration could commit nothing, not even a change back.
+// of the remaining voters than a majority of them answer this node and
+// take part in elections: the smaller configuration could commit nothing,
+// not even a change back, or elect no one once its leader goes.
 func (n *Node) checkLiveMajority(ctx context.Context, servers []raft.Server, id string) error {
 	if !isVoter(servers, id) {
 		return nil
@@ -161,8 +162,10 @@ func (n *Node) checkLiveMajority(ctx context.Context, servers []raft.Server, id 
 	return nil
 }
 
-// liveVoters counts the servers that answer a status request (this node
-// counts without asking).
+// liveVoters counts the servers that answer a status request and take
+// part in elections (this node counts without asking). A voter catching
+// up after joining answers but grants no vote; it catches up only from a
+// leader, so a configuration that needs it to elect one never does.
 func (n *Node) liveVoters(ctx context.Context, servers []raft.Server) int {
 	ctx, cancel := context.WithTimeout(ctx, peerCheckTimeout)
 	defer cancel()
@@ -176,7 +179,7 @@ func (n *Node) liveVoters(ctx context.Context, servers []raft.Server) int {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if _, err := n.PeerStatus(ctx, string(s.Address)); err == nil {
+			if st, err := n.PeerStatus(ctx, string(s.Address)); err == nil && !st.Joining {
 				live.Add(1)
 			}
 		}()

@@ -598,3 +598,32 @@ func TestACleanupOfAServerThatCameBackDoesNotKeepItOut(t *testing.T) {
 	acquire(t, leader, "after")
 	waitFor(t, 10*time.Second, id+" to apply what follows", func() bool { return back.fsm.Applied() >= leader.fsm.Applied() })
 }
+
+// A voter catching up after joining (its data directory was emptied)
+// answers, but takes no part in elections: remove-peer does not count it
+// among the live voters. Removing the other follower would leave the
+// leader as the one voter able to elect anyone, and a restart of the
+// leader would then leave a cluster that elects no one: the joining voter
+// catches up only from a leader.
+func TestRemovePeerDoesNotCountAJoiningVoterAsLive(t *testing.T) {
+	nodes := startStatic(t, 3)
+	leader := leaderWithin(t, nodes)
+	fs := followers(nodes, leader)
+	other, joining := fs[0], fs[1]
+	// What a voter whose data directory was emptied reports until it
+	// has caught up.
+	joining.transport.joining.Store(true)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := leader.RemovePeer(ctx, other.ID()); !errors.Is(err, errcode.LastVoter) {
+		t.Fatalf("removing the follower beside a joining voter: %v, want last_voter", err)
+	}
+	if v := voters(t, leader); len(v) != 3 {
+		t.Fatalf("voters after the refused removal: %v", v)
+	}
+	// Once it takes part in elections again, the removal goes ahead.
+	joining.transport.joining.Store(false)
+	if err := leader.RemovePeer(ctx, other.ID()); err != nil {
+		t.Fatalf("removing the follower beside a voter that caught up: %v", err)
+	}
+}
