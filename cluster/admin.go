@@ -345,7 +345,11 @@ func (n *Node) Leave(ctx context.Context) error {
 		if err == nil || errors.Is(err, errcode.NotFound) {
 			break
 		}
-		if errors.Is(err, errcode.LastVoter) || !sleepCtx(ctx, n.done, 100*time.Millisecond) {
+		// Without a leader after the leader wait (RemovePeer waited for
+		// one, and asked the other members), the cluster has lost its
+		// quorum or this server cannot reach it: say so, as every
+		// request does, rather than wait for as long as the caller does.
+		if errors.Is(err, errcode.LastVoter) || errors.Is(err, errcode.NoLeader) || !sleepCtx(ctx, n.done, 100*time.Millisecond) {
 			return err
 		}
 	}

@@ -297,3 +297,30 @@ func TestALeaveOfAServerThatHasNotJoinedSaysSo(t *testing.T) {
 		t.Fatal("a server that has not joined shut down as if it had left")
 	}
 }
+
+// A leave on a server of a cluster that has lost its quorum answers
+// no_leader once no leader came within the leader wait, as every request
+// does, instead of looking for one until the caller gives up; the server
+// keeps running.
+func TestALeaveWithoutAQuorumAnswersNoLeader(t *testing.T) {
+	nodes := startStatic(t, 3)
+	leader := leaderWithin(t, nodes)
+	for _, f := range followers(nodes, leader) {
+		if err := f.Close(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, 10*time.Second, "the leader to step down", func() bool { return !leader.HasLeader() })
+	left := false
+	leader.OnLeft(func() { left = true })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	start := time.Now()
+	err := leader.Leave(ctx)
+	if !errors.Is(err, errcode.NoLeader) || time.Since(start) > leader.cfg.LeaderWait+5*time.Second {
+		t.Fatalf("leave without a quorum: %v after %s, want no_leader within the leader wait", err, time.Since(start))
+	}
+	if left {
+		t.Fatal("a server that could not leave shut down as if it had")
+	}
+}
