@@ -3,6 +3,7 @@ package rm
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -207,5 +208,64 @@ func TestUTXORecoveryWhoseLockAnswerWasLostReleasesTheLock(t *testing.T) {
 	}
 	if got, err := u.Get(ctx, req.TxID, Linearizable); err != nil || got.Creating || len(got.RecordsCreating) != 0 {
 		t.Fatalf("after the retry: %+v, %v", got, err)
+	}
+}
+
+// lateLockStore fails the next lock of a UTXO creation at once, as a
+// follower's forward does when its caller goes away before the leader took
+// the command up: the leader applies the lock when the caller awaits the
+// answer (the error's AwaitAnswer), or else just after the next command
+// it is sent, which it may take up first.
+type lateLockStore struct {
+	*fsmStore
+	mu   sync.Mutex
+	hold bool
+	held *fsm.Command
+}
+
+// unanswered is the error of a forward whose answer has not come yet.
+type unanswered struct{ s *lateLockStore }
+
+func (unanswered) Error() string                     { return "forward to the leader: context canceled" }
+func (e unanswered) AwaitAnswer(ctx context.Context) { e.s.applyHeld(ctx) }
+
+func (s *lateLockStore) applyHeld(ctx context.Context) {
+	s.mu.Lock()
+	cmd := s.held
+	s.held = nil
+	s.mu.Unlock()
+	if cmd != nil {
+		_, _ = s.fsmStore.Propose(ctx, cmd)
+	}
+}
+
+func (s *lateLockStore) Propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, error) {
+	s.mu.Lock()
+	if s.hold && cmd.Op == fsm.OpUTXOCreate && cmd.UTXOCreate.Phase == fsm.UTXOPhaseLock {
+		s.hold, s.held = false, cmd
+		s.mu.Unlock()
+		return nil, unanswered{s}
+	}
+	s.mu.Unlock()
+	res, err := s.fsmStore.Propose(ctx, cmd)
+	s.applyHeld(ctx)
+	return res, err
+}
+
+// A creation whose lock entry's answer was lost before the leader took the
+// entry up waits for that answer before it releases the lock: a release
+// applied first would find no lock, and the lock applied after it would
+// refuse the client's retry with tx_exists while it lives.
+func TestUTXOCreateReleasesALockTakenAfterItsAnswerWasLost(t *testing.T) {
+	base := newFSMStore(t)
+	st := &lateLockStore{fsmStore: base, hold: true}
+	u := NewUTXOs(st, base, UTXOLimits{BatchSize: 3})
+	ctx := context.Background()
+	req := tx("late", 8)
+	if _, err := u.Create(ctx, req); err == nil {
+		t.Fatal("the create whose answer was lost succeeded")
+	}
+	if _, err := u.Create(ctx, req); err != nil {
+		t.Fatalf("retry of the create whose lock was taken after its answer was lost: %v", err)
 	}
 }

@@ -352,12 +352,16 @@ func (u *UTXOs) Create(ctx context.Context, req wire.UTXOCreateRequest) (*wire.U
 
 // giveUp releases the lock of a creation that failed, so that a retry need
 // not wait for it to expire (the records written stay for the retry to
-// complete). A stop injected by a fault test is a crash: nothing runs.
+// complete). A stop injected by a fault test is a crash: nothing runs. When
+// err is a forward whose answer has not come, the release waits for it
+// (awaitAnswer): the leader may take the failed command up after a release
+// sent at once, which would then find no lock to release.
 func (u *UTXOs) giveUp(ctx context.Context, txid, owner string, err error) error {
 	var stopped *stepStop
 	if errors.As(err, &stopped) {
 		return err
 	}
+	awaitAnswer(ctx, err)
 	uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	_, _ = u.propose(uctx, &fsm.Command{Op: fsm.OpUTXOCreate, UTXOCreate: &fsm.UTXOCreateCmd{
