@@ -143,7 +143,7 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 	// same key used elsewhere names a different request.
 	req := xid.New().String()
 	if p.RequestID != "" {
-		req = "idem-" + digest(ns, key, own, p.RequestID)[:32]
+		req = idemPrefix + digest(ns, key, own, p.RequestID)[:32]
 	}
 	var wait time.Duration
 	switch {
@@ -205,6 +205,10 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 	e.RetryAfter = max(1, res.RetryAfter)
 	return nil, e
 }
+
+// idemPrefix begins the request id of an acquire named by the caller's
+// idempotency key: its retries, on any server, share the id.
+const idemPrefix = "idem-"
 
 // proposeAndWait proposes the command cmd makes for a wait of left
 // milliseconds and, unless its result settles the request, waits up to

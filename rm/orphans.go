@@ -3,6 +3,7 @@ package rm
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/raftlockd/raftlockd/fsm"
@@ -17,7 +18,9 @@ import (
 // client that is gone, holding it until its lease ran out. A request that
 // still waits here keeps its place (it proposes itself again when told of
 // the restore), and a withdrawal names the acquire's attempt, so one that a
-// retry took over stays. It returns when ctx ends.
+// retry took over stays. One granted the key, or handed a message, between
+// the read of the state and its withdrawal (a sweep of the installed
+// state's expired leases) hands it back. It returns when ctx ends.
 func WithdrawOrphans(ctx context.Context, store Store, waits *Waits, self Server, log *slog.Logger) {
 	retry := time.NewTimer(0)
 	retry.Stop()
@@ -55,6 +58,17 @@ func WithdrawOrphans(ctx context.Context, store Store, waits *Waits, self Server
 				failed++ // not applied: tried again
 			case res != nil && res.Cancelled:
 				withdrawn++
+			case res != nil && res.Lease != nil && !strings.HasPrefix(r.RequestID, idemPrefix):
+				// Granted the key after the state was read. A request
+				// named by an idempotency key may have been granted it
+				// as a retry elsewhere, which took its place over: that
+				// lease is the retry's.
+				handBackLease(ctx, store, res.Lease)
+				withdrawn++
+			case res != nil && res.Queue != nil && res.Queue.Message != nil && res.Queue.Message.Lease != nil:
+				// Handed a message after the state was read.
+				handBackDelivery(ctx, store, res.Queue.Message)
+				withdrawn++
 			}
 		}
 		if withdrawn > 0 {
@@ -67,4 +81,38 @@ func WithdrawOrphans(ctx context.Context, store Store, waits *Waits, self Server
 			retry.Reset(time.Second)
 		}
 	}
+}
+
+// handBackLease releases lease l, granted to a request nobody waits for,
+// rolling back its transaction when the lease is all it holds. A
+// transaction that holds more is its client's, which may still decide it:
+// that lease runs out instead.
+func handBackLease(ctx context.Context, store Store, l *fsm.LeaseInfo) {
+	alone := false
+	_ = store.ReadStale(ctx, func(v *fsm.View) error {
+		t := v.Txn(l.TxnID)
+		alone = t != nil && len(t.Participants) == 1
+		return nil
+	})
+	if !alone {
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, _ = store.Propose(pctx, &fsm.Command{Op: fsm.OpRelease, Release: &fsm.ReleaseCmd{Namespace: l.Namespace,
+		Key: l.Key, LeaseID: l.LeaseID, TxnID: l.TxnID, Token: l.Token, Rollback: true}})
+}
+
+// handBackDelivery returns message m, delivered to a request nobody waits
+// for, to its queue without counting a failed delivery, as the API does
+// with a delivery it cannot hand over. One enlisted in a transaction is
+// left to its lease: a nack would decide the transaction.
+func handBackDelivery(ctx context.Context, store Store, m *fsm.MessageInfo) {
+	if m.Lease.TxnID != "" {
+		return
+	}
+	pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	_, _ = store.Propose(pctx, &fsm.Command{Op: fsm.OpQNack, QNack: &fsm.QueueNackCmd{MessageRef: fsm.MessageRef{
+		Namespace: m.Namespace, Queue: m.Queue, ID: m.ID, LeaseID: m.Lease.ID, Token: m.Lease.Token}, Defer: true}})
 }
