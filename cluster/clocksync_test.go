@@ -90,38 +90,7 @@ func TestClockOffsetFromAProbe(t *testing.T) {
 // node, leader or not, see the same time, and a lease keeps its remaining
 // time whichever of them leads next.
 func TestLeasesKeepTheirTimeWhenANodesClockIsOff(t *testing.T) {
-	first := gossipConfig(t, "n1", 3, nil)
-	join := []string{first.Gossip.Bind}
-	cfgs := []Config{first, gossipConfig(t, "n2", 3, join), gossipConfig(t, "n3", 3, join)}
-	clocks := map[string]*skewedClock{}
-	var nodes []*Node
-	for _, cfg := range cfgs {
-		c := &skewedClock{}
-		cfg.Clock, clocks[cfg.NodeID] = c, c
-		nodes = append(nodes, openNode(t, cfg))
-	}
-	byID := func(id string) *Node {
-		for _, n := range nodes {
-			if n.ID() == id {
-				return n
-			}
-		}
-		t.Fatalf("no node %s", id)
-		return nil
-	}
-	leadOn := func(id string) *Node {
-		t.Helper()
-		target := byID(id)
-		waitFor(t, 10*time.Second, id+" to lead", func() bool {
-			l := leaderOf(t, nodes)
-			if l == target {
-				return true
-			}
-			_ = l.raft.LeadershipTransferToServer(raft.ServerID(id), raft.ServerAddress(target.RaftAddr())).Error()
-			return leaderOf(t, nodes) == target
-		})
-		return target
-	}
+	nodes, clocks, byID, leadOn := skewedCluster(t)
 	leadOn("n1")
 	clocks["n2"].off.Store(int64(-10 * time.Second))
 	clocks["n3"].off.Store(int64(10 * time.Second))
@@ -186,38 +155,7 @@ func TestTheCorrectionFollowsAStepOfThisNodesClock(t *testing.T) {
 // its own stamps, every lease it judged would end early by the step, and
 // every expiry it handed out would be that much ahead of real time.
 func TestALeaderFollowsItsCorrectionOnceItHasMeasured(t *testing.T) {
-	first := gossipConfig(t, "n1", 3, nil)
-	join := []string{first.Gossip.Bind}
-	cfgs := []Config{first, gossipConfig(t, "n2", 3, join), gossipConfig(t, "n3", 3, join)}
-	clocks := map[string]*skewedClock{}
-	var nodes []*Node
-	for _, cfg := range cfgs {
-		c := &skewedClock{}
-		cfg.Clock, clocks[cfg.NodeID] = c, c
-		nodes = append(nodes, openNode(t, cfg))
-	}
-	byID := func(id string) *Node {
-		for _, n := range nodes {
-			if n.ID() == id {
-				return n
-			}
-		}
-		t.Fatalf("no node %s", id)
-		return nil
-	}
-	leadOn := func(id string) *Node {
-		t.Helper()
-		target := byID(id)
-		waitFor(t, 10*time.Second, id+" to lead", func() bool {
-			l := leaderOf(t, nodes)
-			if l == target {
-				return true
-			}
-			_ = l.raft.LeadershipTransferToServer(raft.ServerID(id), raft.ServerAddress(target.RaftAddr())).Error()
-			return leaderOf(t, nodes) == target
-		})
-		return target
-	}
+	_, clocks, byID, leadOn := skewedCluster(t)
 	n1 := leadOn("n1")
 	off := func(n *Node) time.Duration { return n.Now().Sub(time.Now()) }
 	corrected := func(id string, want time.Duration) bool {
@@ -254,4 +192,42 @@ func TestALeaderFollowsItsCorrectionOnceItHasMeasured(t *testing.T) {
 	if d := off(n1); d.Abs() > 250*time.Millisecond {
 		t.Fatalf("n1 leading again: its time is %v off real time", d)
 	}
+}
+
+// skewedCluster starts three gossiping nodes n1..n3, each on a clock the
+// test can set off (clocks, by node id), and returns them with a lookup by
+// id and a function that makes the node of an id lead.
+func skewedCluster(t *testing.T) (nodes []*Node, clocks map[string]*skewedClock, byID, leadOn func(id string) *Node) {
+	first := gossipConfig(t, "n1", 3, nil)
+	join := []string{first.Gossip.Bind}
+	cfgs := []Config{first, gossipConfig(t, "n2", 3, join), gossipConfig(t, "n3", 3, join)}
+	clocks = map[string]*skewedClock{}
+	for _, cfg := range cfgs {
+		c := &skewedClock{}
+		cfg.Clock, clocks[cfg.NodeID] = c, c
+		nodes = append(nodes, openNode(t, cfg))
+	}
+	byID = func(id string) *Node {
+		for _, n := range nodes {
+			if n.ID() == id {
+				return n
+			}
+		}
+		t.Fatalf("no node %s", id)
+		return nil
+	}
+	leadOn = func(id string) *Node {
+		t.Helper()
+		target := byID(id)
+		waitFor(t, 10*time.Second, id+" to lead", func() bool {
+			l := leaderOf(t, nodes)
+			if l == target {
+				return true
+			}
+			_ = l.raft.LeadershipTransferToServer(raft.ServerID(id), raft.ServerAddress(target.RaftAddr())).Error()
+			return leaderOf(t, nodes) == target
+		})
+		return target
+	}
+	return nodes, clocks, byID, leadOn
 }

@@ -2,7 +2,6 @@ package tc_test
 
 import (
 	"context"
-	"net/http"
 	"testing"
 	"time"
 
@@ -27,16 +26,7 @@ func TestARegistryRemovalReachesAnIslandWhoseFirstEndpointIsDown(t *testing.T) {
 	if list, err := a.client().RMList(ctx); err != nil || !hasEndpointFirst(list, b.hash(), dead.Endpoint) {
 		t.Fatalf("a's registry: %+v %v", list, err)
 	}
-	gone := wire.TCRMRegisterRequest{BackendHash: "gone", Endpoint: "https://" + testutil.FreeAddr(t)}
-	if _, err := a.client().RMRegister(ctx, gone, false); err != nil {
-		t.Fatal(err)
-	}
-	if !registryHas(t, b, gone.BackendHash) {
-		t.Fatal("the registration was not passed on to b")
-	}
-	b.stop()
-	_, err := a.client().RMRegister(ctx, gone, true)
-	wantCode(t, err, http.StatusBadGateway, "tc_rm_replication_failed")
+	gone := missRemoval(t, a, b)
 	b.start()
 	testutil.WaitFor(t, 30*time.Second, "the removal to reach b", func() bool {
 		return !registryHas(t, b, gone.BackendHash)

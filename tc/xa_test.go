@@ -1153,8 +1153,16 @@ func removalMissedByB(t *testing.T) (a, b *island, gone wire.TCRMRegisterRequest
 	t.Helper()
 	a, b = startIsland(t, "a"), startIsland(t, "b")
 	register(t, a, b)
+	return a, b, missRemoval(t, a, b)
+}
+
+// missRemoval registers an endpoint of island "gone" through a, stops b and
+// unregisters it through a, which answers tc_rm_replication_failed: b
+// missed the removal.
+func missRemoval(t *testing.T, a, b *island) wire.TCRMRegisterRequest {
+	t.Helper()
 	ctx := context.Background()
-	gone = wire.TCRMRegisterRequest{BackendHash: "gone", Endpoint: "https://" + testutil.FreeAddr(t)}
+	gone := wire.TCRMRegisterRequest{BackendHash: "gone", Endpoint: "https://" + testutil.FreeAddr(t)}
 	if _, err := a.client().RMRegister(ctx, gone, false); err != nil {
 		t.Fatal(err)
 	}
@@ -1164,7 +1172,7 @@ func removalMissedByB(t *testing.T) (a, b *island, gone wire.TCRMRegisterRequest
 	b.stop()
 	_, err := a.client().RMRegister(ctx, gone, true)
 	wantCode(t, err, http.StatusBadGateway, "tc_rm_replication_failed")
-	return a, b, gone
+	return gone
 }
 
 // An island that was down when an endpoint was unregistered learns the
