@@ -56,11 +56,7 @@ func withdrawOrphansOnce(t *testing.T, store Store, self Server) {
 func TestAnOrphanGrantedTheKeyBeforeItsWithdrawalReleasesIt(t *testing.T) {
 	base := newFSMStore(t)
 	ctx := context.Background()
-	held, err := base.Propose(ctx, &fsm.Command{Op: fsm.OpAcquire, Acquire: &fsm.AcquireCmd{Namespace: "default", Key: "k",
-		Owner: "a", TxnID: xid.New().String(), LeaseID: xid.New().String(), RequestID: xid.New().String(), TTL: 60_000}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := holdKey(t, base)
 	if r, err := base.Propose(ctx, &fsm.Command{Op: fsm.OpAcquire, Acquire: &fsm.AcquireCmd{Namespace: "default", Key: "k",
 		Owner: "gone", TxnID: xid.New().String(), LeaseID: xid.New().String(), RequestID: xid.New().String(), Attempt: "a1", TTL: 60_000, Wait: 60_000, Node: "n1", Run: "old"}}); err != nil || !r.Queued {
 		t.Fatalf("the acquire of the earlier run did not queue: %+v %v", r, err)
@@ -103,11 +99,7 @@ func TestAnOrphanHandedAMessageBeforeItsWithdrawalHandsItBack(t *testing.T) {
 func TestAnOrphanLeavesTheLeaseOfARetryElsewhere(t *testing.T) {
 	base := newFSMStore(t)
 	ctx := context.Background()
-	held, err := base.Propose(ctx, &fsm.Command{Op: fsm.OpAcquire, Acquire: &fsm.AcquireCmd{Namespace: "default", Key: "k",
-		Owner: "a", TxnID: xid.New().String(), LeaseID: xid.New().String(), RequestID: xid.New().String(), TTL: 60_000}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	held := holdKey(t, base)
 	orphan := fsm.AcquireCmd{Namespace: "default", Key: "k", Owner: "c", TxnID: xid.New().String(), LeaseID: xid.New().String(),
 		RequestID: idemPrefix + "r", Attempt: "a1", TTL: 60_000, Wait: 60_000, Node: "n1", Run: "old"}
 	if r, err := base.Propose(ctx, &fsm.Command{Op: fsm.OpAcquire, Acquire: &orphan}); err != nil || !r.Queued {
@@ -124,4 +116,16 @@ func TestAnOrphanLeavesTheLeaseOfARetryElsewhere(t *testing.T) {
 	if rec.Lease == nil || rec.Lease.RequestID != retry.RequestID {
 		t.Fatalf("the lease granted to the retry was handed back: %+v", rec.Lease)
 	}
+}
+
+// holdKey has owner "a" take key "k" for a minute in a transaction of its
+// own.
+func holdKey(t *testing.T, s Store) *fsm.Result {
+	t.Helper()
+	held, err := s.Propose(context.Background(), &fsm.Command{Op: fsm.OpAcquire, Acquire: &fsm.AcquireCmd{Namespace: "default", Key: "k",
+		Owner: "a", TxnID: xid.New().String(), LeaseID: xid.New().String(), RequestID: xid.New().String(), TTL: 60_000}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return held
 }

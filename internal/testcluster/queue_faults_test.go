@@ -413,21 +413,25 @@ func qfHandle(ctx context.Context, d *client.Delivery, q, name string, sent, rec
 		action = "ack"
 	}
 	var res string
-	var nr *wire.NackResponse
-	var err error
 	var delay time.Duration
-	endSent := time.Now()
-	switch action {
-	case "ack":
-		err = d.Ack(octx)
-	case "nack-failure":
-		nr, err = d.Nack(octx, wire.NackIntentFailure, 0, []byte(`"qfault"`))
-	case "nack-defer":
+	if action == "nack-defer" {
 		delay = time.Duration(rng.Intn(2)) * time.Second
-		nr, err = d.Nack(octx, wire.NackIntentDefer, delay, nil)
-	case "lapse":
-		err = nil
 	}
+	// end sends the consumer's ack or nack (nothing for a lease left to
+	// lapse).
+	end := func(ctx context.Context) (*wire.NackResponse, error) {
+		switch action {
+		case "ack":
+			return nil, d.Ack(ctx)
+		case "nack-failure":
+			return d.Nack(ctx, wire.NackIntentFailure, 0, []byte(`"qfault"`))
+		case "nack-defer":
+			return d.Nack(ctx, wire.NackIntentDefer, delay, nil)
+		}
+		return nil, nil
+	}
+	endSent := time.Now()
+	nr, err := end(octx)
 	ocancel()
 	if err == nil && action != "lapse" && rng.Intn(4) == 0 {
 		// The same ack or nack once more, as after a lost answer, now or
@@ -438,16 +442,7 @@ func qfHandle(ctx context.Context, d *client.Delivery, q, name string, sent, rec
 		}
 		rctx, rcancel := context.WithTimeout(ctx, 6*time.Second)
 		m := d.Message
-		var again *wire.NackResponse
-		var rerr error
-		switch action {
-		case "ack":
-			rerr = d.Ack(rctx)
-		case "nack-failure":
-			again, rerr = d.Nack(rctx, wire.NackIntentFailure, 0, []byte(`"qfault"`))
-		case "nack-defer":
-			again, rerr = d.Nack(rctx, wire.NackIntentDefer, delay, nil)
-		}
+		again, rerr := end(rctx)
 		rcancel()
 		var problem string
 		switch {
