@@ -12,6 +12,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/pprof"
+	"net/url"
 	"path"
 	"strconv"
 	"strings"
@@ -266,6 +267,12 @@ func (h *handler) wrap(endpoint, method string, fn func(http.ResponseWriter, *ht
 			sw.Header().Set("Allow", allow)
 			err = errcode.MethodNotAllowed.With("%s needs %s", r.URL.Path, method)
 		default:
+			if _, qerr := url.ParseQuery(r.URL.RawQuery); qerr != nil {
+				// Query would drop the malformed parameter, and the request
+				// would act on another namespace or key than it names.
+				err = errcode.InvalidParams.With("malformed query string: %v", qerr)
+				break
+			}
 			ctx, cancel, terr := withClientTimeout(r)
 			if terr != nil {
 				err = terr
