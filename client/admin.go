@@ -53,11 +53,14 @@ func (c *Client) ClusterMembers(ctx context.Context) (*wire.ClusterMembersRespon
 	return &out, err
 }
 
-// ClusterLeave makes the serving node leave the cluster; it shuts down
-// after answering.
+// ClusterLeave makes the server in use (the first of the client's list,
+// unless an earlier call moved on from it) leave the cluster; it shuts
+// down after answering. The call is never passed on to another server:
+// when that one cannot be reached, it fails rather than make another
+// leave.
 func (c *Client) ClusterLeave(ctx context.Context) (*wire.LeaveResponse, error) {
 	var out wire.LeaveResponse
-	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/cluster/leave", body: []byte("{}")}, &out)
+	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/cluster/leave", body: []byte("{}"), pinned: true}, &out)
 	return &out, err
 }
 
@@ -245,12 +248,13 @@ func (c *Client) TCAnnounce(ctx context.Context, self string) (*wire.TCClusterAn
 	return &out, err
 }
 
-// TCLeave makes the member serving endpoint self leave the cluster (the
-// serving node when self is empty) and returns the remaining members.
+// TCLeave makes the member serving endpoint self leave the cluster (when
+// self is empty, the server in use, as ClusterLeave: the call is then not
+// passed on to another server) and returns the remaining members.
 func (c *Client) TCLeave(ctx context.Context, self string) (*wire.TCClusterLeaveResponse, error) {
 	body, _ := json.Marshal(wire.TCClusterLeaveRequest{SelfEndpoint: self})
 	var out wire.TCClusterLeaveResponse
-	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/tc/cluster/leave", body: body}, &out)
+	_, err := c.doJSON(ctx, call{method: http.MethodPost, path: "/v1/tc/cluster/leave", body: body, pinned: self == ""}, &out)
 	return &out, err
 }
 

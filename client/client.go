@@ -91,8 +91,9 @@ func WithRetry(d time.Duration) Option { return func(c *Client) { c.retryFor = d
 // in use, and when that one cannot be reached, is shutting down or knows
 // no leader, the client moves on to the next and tries the call there
 // (within what WithRetry allows; a server that cannot be reached costs no
-// backoff while another is left to try). A URL without a scheme gets
-// http://.
+// backoff while another is left to try; a leave of the server in use,
+// ClusterLeave or TCLeave without an endpoint, is never passed on). A URL
+// without a scheme gets http://.
 func New(baseURL string, opts ...Option) (*Client, error) {
 	var bases []string
 	for _, b := range strings.Split(baseURL, ",") {
@@ -154,6 +155,10 @@ type call struct {
 	header     http.Header
 	body       []byte
 	idempotent bool // safe to resend after an ambiguous failure
+	// pinned is a call that acts on the server serving it (a leave): it
+	// is made, and resent, only to the server in use when it started,
+	// never passed on to another.
+	pinned bool
 	// resent, when set, is told whether the call was sent again after an
 	// attempt that may have taken effect (it reached a server, which did
 	// not answer that it had done nothing).
@@ -283,8 +288,11 @@ func (c *Client) exchange(ctx context.Context, cl call, read func(*http.Response
 	var deadline time.Time
 	backoff := 50 * time.Millisecond
 	hops := 0 // servers tried without a pause since the last one
+	base := c.endpoint()
 	for {
-		base := c.endpoint()
+		if !cl.pinned {
+			base = c.endpoint()
+		}
 		resp, err := c.once(ctx, base, cl)
 		if err == nil {
 			if err = read(resp); err == nil {
@@ -298,7 +306,7 @@ func (c *Client) exchange(ctx context.Context, cl call, read func(*http.Response
 		if deadline.IsZero() {
 			deadline = time.Now().Add(c.retryFor)
 		}
-		moved := c.passOn(base, err) // also for the caller's next call, when this one is not resent
+		moved := !cl.pinned && c.passOn(base, err) // also for the caller's next call, when this one is not resent
 		if !retryable(err, cl.idempotent) {
 			return unwrapCut(err)
 		}

@@ -150,3 +150,40 @@ func TestAnUnreachableServerOfTheListIsPassedOver(t *testing.T) {
 		}
 	}
 }
+
+// A leave asks the server that serves it to leave the cluster: when the
+// server in use cannot be reached, the leave fails instead of making the
+// next server of the list leave in its place.
+func TestALeaveIsNotPassedOnToAnotherServer(t *testing.T) {
+	// Four voters: with one down, another may still leave.
+	c := testcluster.Start(t, 4)
+	leader := c.WaitLeader(10 * time.Second)
+	down, up := (leader+1)%4, (leader+2)%4
+	urls := c.URL(down) + "," + c.URL(up)
+	c.Stop(down)
+	op, err := client.New(urls, client.WithRetry(time.Second),
+		client.WithHTTPClient(c.OperatorHTTPClient("operator")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for name, leave := range map[string]func() error{
+		"cluster leave": func() error { _, err := op.ClusterLeave(ctx); return err },
+		"tc leave":      func() error { _, err := op.TCLeave(ctx, ""); return err },
+	} {
+		err := leave()
+		if err == nil {
+			t.Fatalf("%s with the server in use down succeeded", name)
+		}
+		m, err := c.Operator(leader).ClusterMembers(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range m.Members {
+			if s.ID == c.Nodes[up].Name && s.Suffrage != "voter" {
+				t.Fatalf("%s through a list whose first server is down made %s leave: %+v", name, s.ID, s)
+			}
+		}
+	}
+}

@@ -383,7 +383,7 @@ func newClusterCmd() *cobra.Command {
 		}, statusTable),
 	}, &cobra.Command{
 		Use:   "leave",
-		Short: "Make the server leave the cluster gracefully; it shuts down afterwards",
+		Short: "Make the server (the first of --server) leave the cluster gracefully; it shuts down afterwards",
 		Args:  cobra.NoArgs,
 		RunE: runAdmin(o, func(ctx context.Context, c *client.Client, _ []string) (*wire.LeaveResponse, error) {
 			return c.ClusterLeave(ctx)
@@ -499,13 +499,13 @@ func newTCCmd() *cobra.Command {
 	announce.Flags().StringVar(&self, "self", "", "the member's API endpoint")
 	leave := &cobra.Command{
 		Use:   "leave [--self URL]",
-		Short: "Make the member serving URL (default: the server) leave the cluster",
+		Short: "Make the member serving URL (default: the server, the first of --server) leave the cluster",
 		Args:  cobra.NoArgs,
 		RunE: runAdmin(o, func(ctx context.Context, c *client.Client, _ []string) (*wire.TCClusterLeaveResponse, error) {
 			return c.TCLeave(ctx, self)
 		}, func(w io.Writer, out *wire.TCClusterLeaveResponse) { endpoints(w, out.Endpoints) }),
 	}
-	leave.Flags().StringVar(&self, "self", "", "API endpoint of the member that leaves (default: the server)")
+	leave.Flags().StringVar(&self, "self", "", "API endpoint of the member that leaves (default: the server, the first of --server)")
 	addSubcommands(cmd, &cobra.Command{
 		Use:   "leader",
 		Short: "Show the leader, its term and how long its leadership is known to last",
