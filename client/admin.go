@@ -109,7 +109,8 @@ func (c *Client) SaveSnapshot(ctx context.Context, w io.Writer, progress Progres
 // RestoreSnapshot replaces the whole cluster's state with a snapshot of
 // size bytes read from src (as SaveSnapshot wrote it). Only the leader
 // restores; any other node forwards the upload to the leader itself, so
-// any node serves a restore. A server that answers not_leader instead (one
+// any node serves a restore, and a server of the client's list that
+// cannot be reached is passed over as for any call. A server that answers not_leader instead (one
 // that does not forward) names the leader, and the upload goes there. Each
 // attempt first asks with Expect: 100-continue, so the file is sent only to
 // a node that accepts it. The upload carries src's SHA-256, so the server
@@ -128,6 +129,7 @@ func (c *Client) RestoreSnapshotSHA256(ctx context.Context, src io.ReadSeeker, s
 	base := c.endpoint()
 	deadline := time.Now().Add(c.retryFor)
 	backoff := 50 * time.Millisecond
+	hops := 0 // servers tried without a pause since the last one
 	for redirects := 0; ; {
 		out, err := c.restoreOnce(ctx, base, src, size, sum, progress)
 		if err == nil {
@@ -141,7 +143,20 @@ func (c *Client) RestoreSnapshotSHA256(ctx context.Context, src io.ReadSeeker, s
 				continue
 			}
 		}
-		if !retryable(err, false) || time.Now().Add(backoff).After(deadline) {
+		moved := c.passOn(base, err)
+		if !retryable(err, false) {
+			return nil, err
+		}
+		if moved {
+			// As every call does, the upload moves on to the next server.
+			base = c.endpoint()
+			if unreachable(err) && hops < len(c.bases)-1 && ctx.Err() == nil {
+				hops++
+				continue
+			}
+		}
+		hops = 0
+		if time.Now().Add(backoff).After(deadline) {
 			return nil, err
 		}
 		if err := pause(ctx, backoff, err); err != nil {

@@ -187,3 +187,19 @@ func TestALeaveIsNotPassedOnToAnotherServer(t *testing.T) {
 		}
 	}
 }
+
+// A restore through a list of servers whose first cannot be reached goes
+// to the next, as every other call does.
+func TestARestorePassesOverAnUnreachableServer(t *testing.T) {
+	srv := testutil.StartServer(t, testutil.Config(t, t.TempDir()))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	var backup bytes.Buffer
+	if _, err := testutil.OperatorClient(t, srv.URL()).SaveSnapshot(ctx, &backup, nil); err != nil {
+		t.Fatal(err)
+	}
+	c := testutil.OperatorClient(t, "https://"+testutil.FreeAddr(t)+","+srv.URL(), client.WithRetry(time.Second))
+	if _, err := c.RestoreSnapshot(ctx, bytes.NewReader(backup.Bytes()), int64(backup.Len()), nil); err != nil {
+		t.Fatalf("restore with the first server of the list down: %v", err)
+	}
+}
