@@ -352,10 +352,13 @@ func runBench(cmd *cobra.Command, bf *benchFlags) (err error) {
 
 // raftlockdDriver dials the raftlockd servers the flags name.
 func raftlockdDriver(ctx context.Context, bf *benchFlags, lease, tcBundle *auth.Bundle, hashes []string) (*bench.Raftlockd, error) {
-	dial := func(urls string, b *auth.Bundle) ([]*client.Client, error) {
+	dial := func(flag, list string, b *auth.Bundle) ([]*client.Client, error) {
+		urls, err := serverURLs(flag, list, b != nil)
+		if err != nil {
+			return nil, err
+		}
 		var out []*client.Client
-		for _, u := range strings.Split(urls, ",") {
-			u = baseURL(strings.TrimSpace(u), b != nil)
+		for _, u := range urls {
 			var opts []client.Option
 			if b != nil {
 				opts = append(opts, client.WithBundle(b))
@@ -370,18 +373,18 @@ func raftlockdDriver(ctx context.Context, bf *benchFlags, lease, tcBundle *auth.
 		}
 		return out, nil
 	}
-	conns, err := dial(bf.target, lease)
+	conns, err := dial("--server", bf.target, lease)
 	if err != nil {
 		return nil, err
 	}
 	driver := &bench.Raftlockd{Clients: conns}
 	if tcBundle != nil {
-		if driver.TC, err = dial(bf.target, tcBundle); err != nil {
+		if driver.TC, err = dial("--server", bf.target, tcBundle); err != nil {
 			return nil, err
 		}
 	}
 	if bf.second != "" {
-		if driver.Second, err = dial(bf.second, lease); err != nil {
+		if driver.Second, err = dial("--second-island", bf.second, lease); err != nil {
 			return nil, err
 		}
 		if len(hashes) > 1 {

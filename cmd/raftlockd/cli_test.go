@@ -1235,3 +1235,17 @@ func TestCLIServerListPassesOverOneThatIsDown(t *testing.T) {
 	mustCLI(t, env, "", "client", "describe", "--key", "k")
 	mustCLI(t, env, "", "client", "describe", "--key", "k", "--server", srv.url+","+testutil.FreeAddr(t))
 }
+
+// An empty entry of a server list (a stray comma) is refused, naming the
+// list, instead of standing for the default server, which may be another
+// cluster's.
+func TestCLIServerListRefusesAnEmptyEntry(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	for _, list := range []string{srv.url + ",", "," + srv.url, srv.url + ", ," + srv.url} {
+		res := cli(t, srv.clientEnv(), "", "client", "describe", "--key", "k", "--server", list)
+		if res.code == 0 || !strings.Contains(res.stderr, "empty entry") {
+			t.Fatalf("--server %q: exit %d, stderr %q; want a refusal naming the empty entry", list, res.code, res.stderr)
+		}
+	}
+}

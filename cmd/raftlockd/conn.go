@@ -111,6 +111,25 @@ func baseURL(server string, tls bool) string {
 	return scheme(tls) + "://" + server
 }
 
+// serverURLs are the URLs of the comma-separated servers list names (the
+// default server when it names none), as baseURL makes them. An empty
+// entry of a list, such as a stray comma leaves, is refused (naming flag)
+// rather than taken for the default server.
+func serverURLs(flag, list string, tls bool) ([]string, error) {
+	if strings.TrimSpace(list) == "" {
+		return []string{baseURL("", tls)}, nil
+	}
+	var urls []string
+	for _, s := range strings.Split(list, ",") {
+		s = strings.TrimSpace(s)
+		if s == "" {
+			return nil, fmt.Errorf("%s %q: the list has an empty entry; name each server once, comma-separated", flag, list)
+		}
+		urls = append(urls, baseURL(s, tls))
+	}
+	return urls, nil
+}
+
 // errNoBundle explains that an https URL needs a bundle none was found for.
 func errNoBundle(url, flag string, files ...string) error {
 	return fmt.Errorf("%s is served over TLS, but no bundle was given (%s) and there is no %s in %s",
@@ -151,13 +170,14 @@ func (c *conn) dial(cmd *cobra.Command, opts ...client.Option) (*client.Client, 
 	if err != nil {
 		return nil, err
 	}
-	var urls []string
-	for _, s := range strings.Split(c.server, ",") {
-		url := baseURL(strings.TrimSpace(s), b != nil)
+	urls, err := serverURLs("--server", c.server, b != nil)
+	if err != nil {
+		return nil, err
+	}
+	for _, url := range urls {
 		if b == nil && strings.HasPrefix(url, "https://") {
 			return nil, errNoBundle(url, "--bundle, "+clientEnv+"BUNDLE", file)
 		}
-		urls = append(urls, url)
 	}
 	if b != nil {
 		opts = append(opts, client.WithBundle(b))
