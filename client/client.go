@@ -41,7 +41,7 @@ type Client struct {
 	http      *http.Client
 	namespace string
 	retryFor  time.Duration
-	optErr    error // an option that could not take effect
+	tls       *tls.Config // WithTLS's, set on the HTTP client's transport once every option is in
 }
 
 // Option configures a Client.
@@ -51,27 +51,29 @@ type Option func(*Client)
 func WithHTTPClient(h *http.Client) Option { return func(c *Client) { c.http = h } }
 
 // WithTLS dials the server with cfg (for mTLS: the client certificate to
-// present and the CA to check the server against). After WithHTTPClient it
-// applies to a copy of that client's *http.Transport, or of Go's default
-// transport when the client names none; New fails when that client's
-// transport is of another type, since cfg could not take effect.
-func WithTLS(cfg *tls.Config) Option {
-	return func(c *Client) {
-		rt := c.http.Transport
-		if rt == nil {
-			rt = http.DefaultTransport
-		}
-		t, ok := rt.(*http.Transport)
-		if !ok {
-			c.optErr = errors.Join(c.optErr, fmt.Errorf("client: WithTLS needs the HTTP client's transport to be an *http.Transport, not %T: set TLS on that transport instead", rt))
-			return
-		}
-		t = t.Clone()
-		t.TLSClientConfig = cfg
-		h := *c.http
-		h.Transport = t
-		c.http = &h
+// present and the CA to check the server against). With WithHTTPClient,
+// given before or after it, it applies to a copy of that client's
+// *http.Transport, or of Go's default transport when the client names
+// none; New fails when that client's transport is of another type, since
+// cfg could not take effect.
+func WithTLS(cfg *tls.Config) Option { return func(c *Client) { c.tls = cfg } }
+
+// useTLS sets cfg on a copy of the HTTP client's transport.
+func (c *Client) useTLS(cfg *tls.Config) error {
+	rt := c.http.Transport
+	if rt == nil {
+		rt = http.DefaultTransport
 	}
+	t, ok := rt.(*http.Transport)
+	if !ok {
+		return fmt.Errorf("client: WithTLS needs the HTTP client's transport to be an *http.Transport, not %T: set TLS on that transport instead", rt)
+	}
+	t = t.Clone()
+	t.TLSClientConfig = cfg
+	h := *c.http
+	h.Transport = t
+	c.http = &h
+	return nil
 }
 
 // WithBundle presents bundle b's certificate and trusts b's CA: how
@@ -119,8 +121,10 @@ func New(baseURL string, opts ...Option) (*Client, error) {
 	for _, o := range opts {
 		o(c)
 	}
-	if c.optErr != nil {
-		return nil, c.optErr
+	if c.tls != nil {
+		if err := c.useTLS(c.tls); err != nil {
+			return nil, err
+		}
 	}
 	return c, nil
 }

@@ -21,19 +21,22 @@ import (
 	"github.com/raftlockd/raftlockd/wire"
 )
 
-// A bundle given after an HTTP client that leaves its Transport to Go's
-// default (as one set only for its Timeout does) is still presented.
+// A bundle given with an HTTP client that leaves its Transport to Go's
+// default (as one set only for its Timeout does) is still presented,
+// whether it comes after that client or before it.
 func TestBundleAppliesToAnHTTPClientWithTheDefaultTransport(t *testing.T) {
 	srv := testutil.StartServer(t, testutil.Config(t, t.TempDir()))
-	c, err := client.New(srv.URL(), client.WithRetry(0), client.WithHTTPClient(&http.Client{Timeout: 30 * time.Second}),
-		client.WithBundle(testutil.ClientBundle(t)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := c.Describe(ctx, "", "k"); err != nil {
-		t.Fatalf("describe with the bundle: %v", err)
+	h, b := client.WithHTTPClient(&http.Client{Timeout: 30 * time.Second}), client.WithBundle(testutil.ClientBundle(t))
+	for name, opts := range map[string][]client.Option{"after": {h, b}, "before": {b, h}} {
+		c, err := client.New(srv.URL(), append([]client.Option{client.WithRetry(0)}, opts...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if _, err := c.Describe(ctx, "", "k"); err != nil {
+			t.Fatalf("describe with the bundle given %s the HTTP client: %v", name, err)
+		}
 	}
 }
 
