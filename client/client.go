@@ -194,8 +194,7 @@ func retryable(err error, idempotent bool) bool {
 	if refused(err) {
 		return false
 	}
-	var op *net.OpError
-	if errors.As(err, &op) && op.Op == "dial" {
+	if unreachable(err) {
 		return true
 	}
 	return idempotent && !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
@@ -392,10 +391,14 @@ func mayHaveApplied(err error) bool {
 }
 
 // unreachable reports whether err is a connection to the server that
-// could not be made: the call reached no server.
+// could not be made, or whose TLS handshake did not finish within
+// connectTimeout (a stopped process accepts connections but never
+// answers): the call reached no server.
 func unreachable(err error) bool {
 	var op *net.OpError
-	return errors.As(err, &op) && op.Op == "dial"
+	var ne net.Error
+	return errors.As(err, &op) && op.Op == "dial" ||
+		errors.As(err, &ne) && ne.Timeout() && strings.HasSuffix(err.Error(), "TLS handshake timeout") // net/http's unexported error
 }
 
 // unwrapCut returns the error an answer that broke off failed with.

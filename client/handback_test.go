@@ -3,6 +3,8 @@ package client
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"io"
@@ -247,6 +249,32 @@ func TestAStalledHandshakeIsGivenUpOn(t *testing.T) {
 	defer cancel()
 	if _, err := c.Describe(ctx, "", "k"); err == nil || ctx.Err() != nil {
 		t.Fatalf("describe against a stalled handshake: %v (context: %v), want a handshake timeout", err, ctx.Err())
+	}
+}
+
+// A server that accepts a connection but never completes its TLS
+// handshake (a stopped process) was sent nothing: a call that is not
+// resent after an ambiguous failure, such as a keyless acquire, goes on to
+// the next server of the list as after a refused connection.
+func TestAStalledHandshakeIsPassedOver(t *testing.T) {
+	defer func(d time.Duration) { connectTimeout = d }(connectTimeout)
+	connectTimeout = 300 * time.Millisecond
+	stalled := rawServer(t, func(conn net.Conn) { t.Cleanup(func() { conn.Close() }) })
+	ts := httptest.NewTLSServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"key":"k","owner":"o","lease_id":"l","fencing_token":1}`))
+	}))
+	t.Cleanup(ts.Close)
+	roots := x509.NewCertPool()
+	roots.AddCert(ts.Certificate())
+	c, err := New("https://"+stalled+","+ts.URL, WithRetry(0), WithTLS(&tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := c.AcquireWithKey(ctx, wire.AcquireRequest{Key: "k", Owner: "o"}, ""); err != nil {
+		t.Fatalf("keyless acquire with the first server of the list stalled: %v", err)
 	}
 }
 
