@@ -786,6 +786,8 @@ func TestCLIRemoveConditions(t *testing.T) {
 	}
 	mustCLI(t, srv.clientEnv(envList(first)...), "", "client", "release")
 	env := srv.clientEnv(envList(parseExports(t, mustCLI(t, srv.clientEnv(), "", "client", "acquire", "--key", "rmc")))...)
+	// A refusal names the version and ETag its condition was compared with.
+	current := "current version 1, current ETag " + up.NewStateETag
 	for _, c := range []struct {
 		args []string
 		code string
@@ -795,8 +797,8 @@ func TestCLIRemoveConditions(t *testing.T) {
 		{[]string{"--if-version", "1", "--if-etag", strings.Repeat("0", 64)}, "etag_mismatch"},
 	} {
 		res := cli(t, env, "", append([]string{"client", "remove"}, c.args...)...)
-		if res.code == 0 || !strings.Contains(res.stderr, c.code) {
-			t.Fatalf("remove %v: exit %d, stdout %q, stderr %q; want %s", c.args, res.code, res.stdout, res.stderr, c.code)
+		if res.code == 0 || !strings.Contains(res.stderr, c.code) || !strings.Contains(res.stderr, current) {
+			t.Fatalf("remove %v: exit %d, stdout %q, stderr %q; want %s and %q", c.args, res.code, res.stdout, res.stderr, c.code, current)
 		}
 	}
 	wantJSON(t, "holder's view after refused removals", mustCLI(t, env, "", "client", "get"), `{"v":1}`)

@@ -24,6 +24,8 @@ import (
 
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
+
+	"github.com/raftlockd/raftlockd/errcode"
 )
 
 var version = "" // set with -ldflags "-X main.version=..."
@@ -46,9 +48,35 @@ func buildVersion() string {
 
 func main() {
 	if err := newRoot().Execute(); err != nil {
-		fmt.Fprintln(os.Stderr, "raftlockd:", err)
+		fmt.Fprintln(os.Stderr, "raftlockd:", errorText(err))
 		os.Exit(1)
 	}
+}
+
+// errorText is err as the command line prints it: followed, for a
+// server's refusal, by what its error envelope holds besides the code and
+// the detail (the version and ETag a failed condition was compared with,
+// the leader, the island coordinating a transaction), which a caller
+// needs to act on it.
+func errorText(err error) string {
+	var e *errcode.Error
+	if !errors.As(err, &e) {
+		return err.Error()
+	}
+	var extra []string
+	if e.CurrentVersion != 0 || e.CurrentETag != "" {
+		extra = append(extra, fmt.Sprintf("current version %d", e.CurrentVersion))
+	}
+	for _, kv := range [][2]string{{"current ETag", e.CurrentETag}, {"leader", e.LeaderEndpoint},
+		{"coordinating island", e.Home}, {"transaction", e.TxnID}} {
+		if kv[1] != "" {
+			extra = append(extra, kv[0]+" "+kv[1])
+		}
+	}
+	if len(extra) == 0 {
+		return err.Error()
+	}
+	return err.Error() + " [" + strings.Join(extra, ", ") + "]"
 }
 
 func newRoot() *cobra.Command {
