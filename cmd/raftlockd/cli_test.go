@@ -1228,6 +1228,25 @@ echo "B_AFTER=$(raftlockd client get --key b)"
 	wantJSON(t, "b after the release", v["B_AFTER"], `{"b":1}`)
 }
 
+// A key of the same name in another namespace is another key: the lease
+// in the environment is not presented for it, so that get reads its
+// committed state and update asks for its lease.
+func TestCLIAKeyOfAnotherNamespaceIsAnotherKey(t *testing.T) {
+	t.Parallel()
+	srv := newServer(t)
+	other := parseExports(t, mustCLI(t, srv.clientEnv(), "", "client", "acquire", "--namespace", "other", "--key", "k"))
+	mustCLI(t, srv.clientEnv(envList(other)...), `{"other":1}`, "client", "update")
+	mustCLI(t, srv.clientEnv(envList(other)...), "", "client", "release")
+	env := srv.clientEnv(envList(parseExports(t, mustCLI(t, srv.clientEnv(), "", "client", "acquire", "--key", "k")))...)
+	wantJSON(t, "get of other/k from a shell holding default/k", mustCLI(t, env, "", "client", "get", "--namespace", "other"), `{"other":1}`)
+	res := cli(t, env, `{"other":2}`, "client", "update", "--namespace", "other")
+	if want := `no lease named for key "other/k": the lease in RAFTLOCKD_CLIENT_LEASE holds "default/k"; pass --lease`; res.code == 0 ||
+		!strings.Contains(res.stderr, want) {
+		t.Fatalf("update of other/k from a shell holding default/k: exit %d, stderr %q; want %q", res.code, res.stderr, want)
+	}
+	mustCLI(t, env, "", "client", "release")
+}
+
 // --server takes several servers of a cluster: a command reaches the one
 // that answers.
 func TestCLIServerListPassesOverOneThatIsDown(t *testing.T) {

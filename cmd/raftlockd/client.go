@@ -44,8 +44,9 @@ type leaseFlags struct {
 	// (RAFTLOCKD_QUEUE_STATE_*, from `client queue dequeue --with-state`).
 	queueState bool
 	queueNS    string // the sidecar's namespace, with queueState
-	otherKey   string // the key of the lease in the environment, when --key names another
+	otherKey   string // the key of the lease in the environment, when the command names another
 	tokenOf    string // the key RAFTLOCKD_CLIENT_FENCING_TOKEN is the token of, when it was not presented
+	named      string // the command's key, as messages about otherKey name it
 	flags      *pflag.FlagSet
 }
 
@@ -56,24 +57,55 @@ func (l *leaseFlags) registerQueueState(cmd *cobra.Command) {
 		"exported ("+queueEnv+"STATE_KEY, _STATE_LEASE, _STATE_TXN_ID, _STATE_FENCING_TOKEN) instead of --key, --lease, --txn-id and --fencing-token")
 }
 
+// envHeld reports whether the command names another key than the one
+// the lease in the environment holds (acquire's RAFTLOCKD_CLIENT_KEY, in
+// RAFTLOCKD_CLIENT_NAMESPACE): another key, or the same key in another
+// namespace. It names both as messages do: by key, or as namespace/key
+// when the namespaces differ.
+func (l *leaseFlags) envHeld() (named, held string, other bool) {
+	envKey := os.Getenv(clientEnv + "KEY")
+	if envKey == "" {
+		return l.key, "", false
+	}
+	ns, envNS := wire.DefaultNamespace, namespaceOf(os.Getenv(clientEnv+"NAMESPACE"))
+	if f := l.flags.Lookup("namespace"); f != nil {
+		ns = namespaceOf(f.Value.String())
+	}
+	if ns != envNS {
+		return ns + "/" + l.key, envNS + "/" + envKey, true
+	}
+	return l.key, envKey, l.key != envKey
+}
+
+// namespaceOf is the namespace ns names: the default one when empty, in
+// lower case (as the server reads it).
+func namespaceOf(ns string) string {
+	if ns == "" {
+		return wire.DefaultNamespace
+	}
+	return strings.ToLower(ns)
+}
+
 // resolve fills the lease from the sidecar variables with --queue-state.
 // Without it, a lease that came from the environment (acquire's exports)
-// is dropped when --key names another key than the one it holds there,
-// and so is its fencing token (RAFTLOCKD_CLIENT_FENCING_TOKEN) when --lease
-// names the other key's lease: a token is one key's. The transaction stays
-// (another key of the shell's transaction is its to update and release).
+// is dropped when --key or --namespace names another key than the one it
+// holds there, and so is its fencing token (RAFTLOCKD_CLIENT_FENCING_TOKEN)
+// when --lease names the other key's lease: a token is one key's. The
+// transaction stays (another key of the shell's transaction is its to
+// update and release).
 func (l *leaseFlags) resolve() error {
 	if !l.queueState {
-		envKey, envLease := os.Getenv(clientEnv+"KEY"), os.Getenv(clientEnv+"LEASE")
-		if envKey != "" && envLease != "" && l.key != envKey {
+		envLease := os.Getenv(clientEnv + "LEASE")
+		if named, held, other := l.envHeld(); envLease != "" && other {
+			l.named = named
 			if l.lease == envLease {
-				l.otherKey, l.lease, l.fencing = envKey, "", 0
+				l.otherKey, l.lease, l.fencing = held, "", 0
 				if l.txnID == os.Getenv(clientEnv+"TXN_ID") {
 					l.txnID = ""
 				}
 			}
 			if fromEnv(l.flags, "fencing-token") {
-				l.fencing, l.tokenOf = 0, envKey
+				l.fencing, l.tokenOf = 0, held
 			}
 		}
 		return nil
@@ -111,7 +143,7 @@ func (l *leaseFlags) require() error {
 		return err
 	}
 	if l.otherKey != "" && l.lease == "" {
-		return fmt.Errorf("no lease named for key %q: the lease in %sLEASE holds %q; pass --lease", l.key, clientEnv, l.otherKey)
+		return fmt.Errorf("no lease named for key %q: the lease in %sLEASE holds %q; pass --lease", l.named, clientEnv, l.otherKey)
 	}
 	if l.key == "" || l.lease == "" {
 		return fmt.Errorf("no lease named: pass --key and --lease, or eval the output of `raftlockd client acquire`, "+
@@ -338,7 +370,7 @@ func newKeepAliveCmd(opts *clientOpts) *cobra.Command {
 			if l.fencing == 0 && l.tokenOf != "" {
 				// The server requires the token of a keepalive.
 				return fmt.Errorf("no fencing token named for key %q: %sFENCING_TOKEN is the token of %q; pass --fencing-token",
-					l.key, clientEnv, l.tokenOf)
+					l.named, clientEnv, l.tokenOf)
 			}
 			c, ctx, cancel, err := opts.open(cmd)
 			defer cancel()
@@ -346,7 +378,7 @@ func newKeepAliveCmd(opts *clientOpts) *cobra.Command {
 				return err
 			}
 			out, err := c.KeepAlive(ctx, l.ref(opts.namespace), time.Duration(ttl)*time.Second)
-			if envKey := os.Getenv(clientEnv + "KEY"); err != nil || l.queueState || envKey != "" && l.key != envKey {
+			if _, _, other := l.envHeld(); err != nil || l.queueState || other {
 				// The sidecar's expiry, or another key's, is not the key
 				// lease's of this shell (RAFTLOCKD_CLIENT_EXPIRES_AT):
 				// nothing to export.
