@@ -276,8 +276,12 @@ func TestContendedAcquire(t *testing.T) {
 	if env["retry_after_seconds"] == nil {
 		t.Fatalf("waiting without retry hint: %v", env)
 	}
-	if_not := wantErr(t, e.post("/v1/acquire", nil, wire.AcquireRequest{Key: "c", Owner: "x", IfNotExists: true}), 409, "already_exists")
-	_ = if_not
+	wantErr(t, e.post("/v1/acquire", nil, wire.AcquireRequest{Key: "c", Owner: "x", IfNotExists: true}), 409, "already_exists")
+	// The transaction holding the key is given its lease back.
+	own := e.acquire(wire.AcquireRequest{Key: "c", Owner: "x", IfNotExists: true, TxnID: holder.TxnID}, nil)
+	if own.LeaseID != holder.LeaseID || own.FencingToken != holder.FencingToken {
+		t.Fatalf("if_not_exists by the holding transaction: %+v, want the lease %+v", own, holder)
+	}
 
 	// Three blocked acquirers are served in arrival order, each in the
 	// step that releases the previous holder.

@@ -50,6 +50,10 @@ func newQueueCmd(opts *clientOpts) *cobra.Command {
 // delivery dequeue exported, win over RAFTLOCKD_CLIENT_NAMESPACE; --namespace
 // wins over both.
 func preferQueueNamespace(cmd *cobra.Command) {
+	if cmd.Long == "" {
+		cmd.Long = cmd.Short + "."
+	}
+	cmd.Long += "\n\nThe namespace is --namespace's when it is given, else " + queueEnv + "NAMESPACE's\n(the delivery's, which dequeue exported), else " + clientEnv + "NAMESPACE's."
 	bound := cmd.PreRunE
 	cmd.PreRunE = func(c *cobra.Command, args []string) error {
 		if ns := c.Flags().Lookup("namespace"); ns != nil && !ns.Changed {

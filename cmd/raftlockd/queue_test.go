@@ -212,3 +212,16 @@ echo "CLEARED=${RAFTLOCKD_QUEUE_MESSAGE_ID:-none}"
 	}
 	wantJSON(t, "the shell's key after its own release", v["MINE"], `{"mine":1}`)
 }
+
+// TestDeliveryCommandsHelpNamesTheQueueNamespaceVariable: ack, nack and
+// extend read the namespace from RAFTLOCKD_QUEUE_NAMESPACE before
+// RAFTLOCKD_CLIENT_NAMESPACE, and their help says so.
+func TestDeliveryCommandsHelpNamesTheQueueNamespaceVariable(t *testing.T) {
+	t.Parallel()
+	for _, sub := range []string{"ack", "nack", "extend"} {
+		help := mustCLI(t, nil, "", "client", "queue", sub, "--help")
+		if !strings.Contains(strings.Join(strings.Fields(help), " "), "else RAFTLOCKD_QUEUE_NAMESPACE's (the delivery's, which dequeue exported), else RAFTLOCKD_CLIENT_NAMESPACE's") {
+			t.Errorf("client queue %s --help does not name RAFTLOCKD_QUEUE_NAMESPACE first:\n%s", sub, help)
+		}
+	}
+}
