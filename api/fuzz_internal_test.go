@@ -67,6 +67,9 @@ func (q *fuzzQueues) WatchDelivery(context.Context, string, string, string, stri
 	ended <- fsm.Event{Kind: fsm.EventDeliveryEnded}
 	return ended, func() {}, nil
 }
+func (q *fuzzQueues) Delivering(context.Context, string, string, string, string) (bool, error) {
+	return false, nil
+}
 
 func (q *fuzzQueues) Limits() rm.QueueLimits {
 	return rm.QueueLimits{MaxPayloadBytes: fuzzMaxPayload, MaxVisibility: time.Hour, MaxWait: time.Second}

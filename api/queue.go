@@ -33,6 +33,7 @@ type Queues interface {
 	Extend(ctx context.Context, ref rm.MessageRef, bySeconds int64) (*fsm.MessageInfo, error)
 	Stats(ctx context.Context, ns, queue string, c rm.Consistency) (fsm.QueueStats, error)
 	WatchDelivery(ctx context.Context, ns, queue, id, leaseID string) (<-chan fsm.Event, func(), error)
+	Delivering(ctx context.Context, ns, queue, id, leaseID string) (bool, error)
 	Limits() rm.QueueLimits
 }
 
@@ -529,8 +530,21 @@ func (h *handler) queueSubscribe(withState bool) func(http.ResponseWriter, *http
 				o.stop()
 			}
 		}()
+		// A wait for the end of a delivery lasts a round of the wait for a
+		// message, which the server caps at its maximum.
+		round := h.Queues.Limits().MaxWait
+		if secs := req.params.WaitSeconds; secs < int64(round/time.Second) {
+			round = time.Duration(secs) * time.Second
+		}
+		round = max(round, time.Second)
 		for {
-			if open = finished(ctx, open, req.prefetch, req.wait != wire.BlockNoWait); ctx.Err() != nil || len(open) >= req.prefetch {
+			if open, err = finished(ctx, open, req.prefetch, req.wait != wire.BlockNoWait, round); err != nil {
+				if ctx.Err() == nil {
+					h.Logger.Warn("subscription ends", "queue", req.params.Queue, "error", err)
+				}
+				break
+			}
+			if ctx.Err() != nil || len(open) >= req.prefetch {
 				// Gone, or not waiting for the subscriber to finish with a
 				// delivery (wait_seconds -1).
 				break
@@ -576,6 +590,8 @@ func (h *handler) queueSubscribe(withState bool) func(http.ResponseWriter, *http
 			m := d.Message
 			w := deliveryWatch{watch: func() (<-chan fsm.Event, func(), error) {
 				return h.Queues.WatchDelivery(ctx, m.Namespace, m.Queue, m.ID, m.Lease.ID)
+			}, held: func() (bool, error) {
+				return h.Queues.Delivering(ctx, m.Namespace, m.Queue, m.ID, m.Lease.ID)
 			}}
 			if err := w.start(); err != nil {
 				if ctx.Err() == nil {
@@ -598,6 +614,7 @@ type deliveryWatch struct {
 	ended <-chan fsm.Event
 	stop  func()
 	watch func() (<-chan fsm.Event, func(), error)
+	held  func() (bool, error) // whether the delivery goes on, as the leader confirms
 }
 
 func (w *deliveryWatch) start() (err error) {
@@ -616,8 +633,11 @@ func (w *deliveryWatch) over(ev fsm.Event) bool {
 // finished drops the watches of deliveries that ended, whichever they are,
 // and, while limit or more remain and wait is set, waits for any of them to
 // end (or for ctx): a subscriber that finishes a newer delivery before an
-// older one frees a slot at once.
-func finished(ctx context.Context, open []deliveryWatch, limit int, wait bool) []deliveryWatch {
+// older one frees a slot at once. After each round without an end it asks
+// the leader whether the deliveries go on: a server cut off from its
+// cluster hears of no end, and answers the failure to reach a leader
+// instead of holding the stream until it is back.
+func finished(ctx context.Context, open []deliveryWatch, limit int, wait bool, round time.Duration) ([]deliveryWatch, error) {
 	for i := 0; i < len(open); {
 		select {
 		case ev := <-open[i].ended:
@@ -630,20 +650,47 @@ func finished(ctx context.Context, open []deliveryWatch, limit int, wait bool) [
 		i++
 	}
 	for len(open) >= limit && wait && len(open) > 0 {
-		cases := make([]reflect.SelectCase, 0, len(open)+1)
-		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())})
+		timer := time.NewTimer(round)
+		cases := make([]reflect.SelectCase, 0, len(open)+2)
+		cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(ctx.Done())},
+			reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(timer.C)})
 		for _, o := range open {
 			cases = append(cases, reflect.SelectCase{Dir: reflect.SelectRecv, Chan: reflect.ValueOf(o.ended)})
 		}
 		chosen, v, _ := reflect.Select(cases)
-		if chosen == 0 {
-			return open
-		}
-		if ev, _ := v.Interface().(fsm.Event); open[chosen-1].over(ev) {
-			open = slices.Delete(open, chosen-1, chosen)
+		timer.Stop()
+		switch {
+		case chosen == 0:
+			return open, nil
+		case chosen == 1:
+			var err error
+			if open, err = confirmed(open); err != nil {
+				return open, err
+			}
+		default:
+			if ev, _ := v.Interface().(fsm.Event); open[chosen-2].over(ev) {
+				open = slices.Delete(open, chosen-2, chosen-1)
+			}
 		}
 	}
-	return open
+	return open, nil
+}
+
+// confirmed drops the watches of deliveries that the leader says ended.
+func confirmed(open []deliveryWatch) ([]deliveryWatch, error) {
+	for i := 0; i < len(open); {
+		held, err := open[i].held()
+		if err != nil {
+			return open, err
+		}
+		if !held {
+			open[i].stop()
+			open = slices.Delete(open, i, i+1)
+			continue
+		}
+		i++
+	}
+	return open, nil
 }
 
 // messageRef names the delivery an ack, nack or extend acts on. meta_etag,

@@ -529,24 +529,37 @@ func (q *Queues) Stats(ctx context.Context, ns, queue string, c Consistency) (fs
 	return st, err
 }
 
+// Delivering reports whether the delivery of message id under leaseID has
+// not ended, as the leader confirms (a linearizable read): a server that
+// cannot reach a leader answers its error.
+func (q *Queues) Delivering(ctx context.Context, ns, queue, id, leaseID string) (bool, error) {
+	held := false
+	err := q.store.Read(ctx, func(v *fsm.View) error {
+		held = v.Delivering(ns, queue, id, leaseID)
+		return nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("rm: delivery %s of %s/%s: %w", leaseID, ns, queue, err)
+	}
+	return held, nil
+}
+
 // WatchDelivery returns a channel that is ready once the delivery of
 // message id under leaseID has ended (acknowledged, handed back,
 // dead-lettered or dropped) as far as this server has applied, and stop,
 // which ends the watch.
 func (q *Queues) WatchDelivery(ctx context.Context, ns, queue, id, leaseID string) (<-chan fsm.Event, func(), error) {
 	events, stop := q.waits.register(leaseID, "", waitDelivery)
-	held := false
 	// Registered first: an end applied after this read is heard of. The
 	// read is linearizable: a follower the leader handed the delivery to
 	// may not have applied it yet, and would take it for ended. Without a
 	// leader to confirm the read, this server's state is all there is.
-	delivering := func(v *fsm.View) error {
-		held = v.Delivering(ns, queue, id, leaseID)
-		return nil
-	}
-	err := q.store.Read(ctx, delivering)
+	held, err := q.Delivering(ctx, ns, queue, id, leaseID)
 	if err != nil && ctx.Err() == nil {
-		err = q.store.ReadStale(ctx, delivering)
+		err = q.store.ReadStale(ctx, func(v *fsm.View) error {
+			held = v.Delivering(ns, queue, id, leaseID)
+			return nil
+		})
 	}
 	if err != nil {
 		stop()

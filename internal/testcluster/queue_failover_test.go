@@ -10,6 +10,7 @@ import (
 
 	"github.com/raftlockd/raftlockd/client"
 	"github.com/raftlockd/raftlockd/errcode"
+	"github.com/raftlockd/raftlockd/internal/testutil"
 	"github.com/raftlockd/raftlockd/wire"
 )
 
@@ -190,4 +191,73 @@ func TestASubscriptionOnAFollowerKeepsToItsPageSize(t *testing.T) {
 	if err != nil || st.InFlight != 2 || st.Ready != 3 {
 		t.Fatalf("stats after two subscriptions of one message each: %+v %v", st, err)
 	}
+}
+
+// A subscription whose page is full, served by a follower that is cut off
+// from the rest of its cluster, does not wait there for an end it cannot
+// hear of: once a round passes without one, its server finds no leader to
+// confirm the deliveries, the stream ends, and the client goes on through
+// another server. The delivery it held was acked through the leader
+// meanwhile; the next message reaches it.
+func TestASubscriptionOnACutOffFollowerMovesOn(t *testing.T) {
+	c := Start(t, 3)
+	leader := c.WaitLeader(10 * time.Second)
+	at := others(c, leader)[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	lc := c.RetryingClient(leader)
+	for _, p := range []string{"a", "b"} {
+		if _, err := lc.Enqueue(ctx, wire.EnqueueRequest{Queue: "cutoff"}, []byte(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sub, err := client.New(c.URL(at)+","+c.URL(leader), client.WithRetry(15*time.Second), client.WithHTTPClient(c.HTTPClient("client")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := make(chan *client.Delivery, 2)
+	done := make(chan error, 1)
+	go func() {
+		done <- sub.Subscribe(ctx, wire.DequeueRequest{Queue: "cutoff", Owner: "s", WaitSeconds: 1, PageSize: 1,
+			VisibilityTimeoutSeconds: 300}, func(d *client.Delivery) error {
+			got <- d
+			return nil // still leased: the page is full
+		})
+	}()
+	receive := func() *client.Delivery {
+		t.Helper()
+		select {
+		case d := <-got:
+			return d
+		case err := <-done:
+			t.Fatalf("the subscription ended: %v", err)
+		case <-ctx.Done():
+			t.Fatal("nothing received")
+		}
+		return nil
+	}
+	first := receive()
+	if string(first.Payload) != "a" {
+		t.Fatalf("the first delivery was %q", first.Payload)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the follower to apply the delivery", func() bool {
+		st, err := c.Client(at).QueueStats(ctx, "", "cutoff", true)
+		return err == nil && st.InFlight == 1
+	})
+	c.Partition([]int{at}, others(c, at))
+	defer c.Heal()
+	// Cut off for good: the ack below cannot reach it.
+	testutil.WaitFor(t, 10*time.Second, "the cut-off follower to lose its leader", func() bool {
+		id, _ := c.Nodes[at].Server.Node().Leader()
+		return id == ""
+	})
+	m := first.Message
+	if _, err := lc.Ack(ctx, wire.AckRequest{Queue: m.Queue, MessageID: m.MessageID, LeaseID: m.LeaseID, FencingToken: m.FencingToken}); err != nil {
+		t.Fatal(err)
+	}
+	if d := receive(); string(d.Payload) != "b" {
+		t.Fatalf("after the ack the subscription received %q", d.Payload)
+	}
+	cancel()
+	<-done
 }
