@@ -342,7 +342,9 @@ func readPart(p *multipart.Part) ([]byte, error) {
 // is full; when fn acked or nacked each through Delivery.Ack or Nack,
 // another stream is opened). A stream that breaks off (its server crashed
 // or restarted), or whose server goes away before it began (shutting down,
-// without a leader), is opened again. Every delivery is leased like a dequeued
+// without a leader), is opened again; so is one answered 409 waiting (its
+// wait ran out, or a stateful one found the next message's state sidecar
+// held: then it asks again a second later). Every delivery is leased like a dequeued
 // one: fn acks or nacks it. A delivery that never reaches fn is handed back
 // (Delivery.HandBack): one that arrived when ctx ended or after fn failed,
 // and one a broken-off stream delivered only in part. One the server sent
@@ -375,7 +377,7 @@ func (c *Client) subscribe(ctx context.Context, path string, req wire.DequeueReq
 			if req.WaitSeconds == wire.BlockNoWait {
 				return nil
 			}
-			if err := pace(ctx, started); err != nil {
+			if err := sleep(ctx, waitingPause(err)-time.Since(started)); err != nil {
 				return err
 			}
 			continue
@@ -413,6 +415,20 @@ func (c *Client) subscribe(ctx context.Context, path string, req wire.DequeueReq
 // the stream) is not asked in a tight loop.
 func pace(ctx context.Context, started time.Time) error {
 	return sleep(ctx, 100*time.Millisecond-time.Since(started))
+}
+
+// waitingPause is how long a subscription answered 409 waiting (err)
+// takes before it asks again, counted from when it asked: a second when
+// the answer gives a retry_after_seconds (whole seconds until the wait
+// ends, such as the lease on a state sidecar another holder keeps; not
+// more, so that an earlier release is not waited out), else the 100 ms of
+// pace.
+func waitingPause(err error) time.Duration {
+	var e *Error
+	if errors.As(err, &e) && e.Envelope.RetryAfter > 0 {
+		return time.Second
+	}
+	return 100 * time.Millisecond
 }
 
 // streamError is a failure to read a subscription's stream.

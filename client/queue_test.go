@@ -38,3 +38,31 @@ func TestSubscriptionReopensACutStreamAtAPace(t *testing.T) {
 		t.Fatalf("the stream was opened %d times in a second, want a few (at most one per 100 ms)", n)
 	}
 }
+
+// A server that answers a subscription at once with 409 waiting and a
+// retry_after_seconds hint (a stateful subscription whose next message's
+// sidecar another holder keeps) is asked again after that hint, up to a
+// second, not every 100 ms.
+func TestSubscriptionWaitsForTheRetryHintOfAWaitingAnswer(t *testing.T) {
+	var opened atomic.Int64
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		opened.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusConflict)
+		_, _ = w.Write([]byte(`{"error":"waiting","detail":"state sidecar held","retry_after_seconds":30}`))
+	}))
+	t.Cleanup(ts.Close)
+	c, err := client.New(ts.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2500*time.Millisecond)
+	defer cancel()
+	err = c.SubscribeWithState(ctx, wire.DequeueRequest{Queue: "q", Owner: "o", WaitSeconds: 5}, func(*client.Delivery) error { return nil })
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("subscription ended with %v, want it to keep asking until its context ended", err)
+	}
+	if n := opened.Load(); n < 2 || n > 4 {
+		t.Fatalf("the stream was asked for %d times in 2.5 s, want about one a second", n)
+	}
+}
