@@ -1294,11 +1294,20 @@ func (r reader) isReady(qid []byte, seq uint64) bool {
 }
 
 // deliveredTo finds the message of a queue currently delivered to dequeue
-// request req (a walk over the queue's messages).
+// request req (a walk over the queue's messages). Only a record holding
+// req's field as putJSON writes it is decoded, so that a cancel of a dequeue
+// the queue never had waiting, in a queue of many messages, does not stall
+// the log.
 func (s *applyState) deliveredTo(ns, queue, req string) *MessageInfo {
+	enc, err := json.Marshal(req)
+	must(err)
+	field := append([]byte(`"req":`), enc...)
 	p := append(queueID(ns, queue), 0)
 	c := s.b(bucketQMsgs).Cursor()
 	for k, raw := c.Seek(p); k != nil && bytes.HasPrefix(k, p); k, raw = c.Next() {
+		if !bytes.Contains(raw, field) {
+			continue
+		}
 		var m Message
 		must(json.Unmarshal(raw, &m))
 		if m.Lease != nil && m.Lease.Request == req {

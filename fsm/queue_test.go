@@ -690,6 +690,40 @@ func TestCancelAfterDeliveryAnswersIt(t *testing.T) {
 	}
 }
 
+// A cancel walks the queue for a delivery to its request only through the
+// records that name the request: in a queue of many messages in flight, the
+// cancel of a dequeue the queue never had waiting (its proposal failed, or
+// the sweep ended it first) decodes none of them, instead of holding up
+// every node's log while it decodes them all.
+func TestCancelDecodesOnlyTheMessageDeliveredToIt(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	const n = 2_000
+	var cmds []*Command
+	for i := range n {
+		cmds = append(cmds, enq("q", fmt.Sprintf("m%05d", i), "x"), deq("q", fmt.Sprintf("r%05d", i), 0))
+	}
+	for _, r := range h.run(cmds...) {
+		if r.Err != nil {
+			t.Fatal(r.Err)
+		}
+	}
+	// A request id JSON escapes is found all the same.
+	h.one(deq("q", "w<&>", 5_000))
+	h.one(enq("q", "last", "y"))
+	r := h.one(&Command{Op: OpQCancel, QCancel: &QueueCancelCmd{Namespace: "default", Queue: "q", RequestID: "w<&>"}})
+	if r.Queue == nil || r.Queue.Message == nil || r.Queue.Message.ID != "last" {
+		t.Fatalf("cancel after delivery: %+v", r)
+	}
+	allocs := testing.AllocsPerRun(3, func() {
+		if r := h.one(&Command{Op: OpQCancel, QCancel: &QueueCancelCmd{Namespace: "default", Queue: "q", RequestID: "gone"}}); r.Err != nil || r.Queue != nil && r.Queue.Message != nil {
+			t.Fatalf("cancel of an unknown dequeue: %+v", r)
+		}
+	})
+	if allocs > n/2 {
+		t.Fatalf("a cancel allocated %.0f times in a queue of %d messages in flight: it decodes them", allocs, n)
+	}
+}
+
 func ackCmd(r MessageRef) *Command { return &Command{Op: OpQAck, QAck: &QueueAckCmd{MessageRef: r}} }
 func nackCmd(r MessageRef) *Command {
 	return &Command{Op: OpQNack, QNack: &QueueNackCmd{MessageRef: r}}
