@@ -699,6 +699,13 @@ func (s *applyState) sweep(c *SweepCmd) *Result {
 	// Every lease, waiter, participant and record touched costs one unit of
 	// the budget, so one sweep entry is a bounded step on every node.
 	budget := c.Limit
+	waitsFirst := s.rules() >= formatV12
+	if waitsFirst {
+		// A lease or delivery expired below hands its key or message to the
+		// first request still waiting, past every one whose wait is over
+		// without counting them: those go first, one unit each.
+		budget = s.sweepQueueWaits(s.sweepKeyWaits(budget, res), res)
+	}
 	// Presumed abort: this coordinator's pending decisions past their expiry.
 	for _, tk := range s.dueKeys(bucketTxnExp, s.now, budget) {
 		if budget <= 0 {
@@ -746,15 +753,8 @@ func (s *applyState) sweep(c *SweepCmd) *Result {
 		res.Expired++
 	}
 
-	for _, tk := range s.dueKeys(bucketWaitExp, s.now, max(budget, 0)) {
-		budget--
-		_, wk := splitTimer(tk)
-		if s.b(bucketWaiters).Get(wk) == nil {
-			s.del(bucketWaitExp, tk)
-			continue
-		}
-		s.endWaiter(wk, errcode.Waiting.With("acquire timed out"))
-		res.Abandoned++
+	if !waitsFirst {
+		budget = s.sweepKeyWaits(budget, res)
 	}
 	for _, tk := range s.dueKeys(bucketTxnDone, s.now-c.TxnRetention, max(budget, 0)) {
 		budget--
@@ -766,10 +766,26 @@ func (s *applyState) sweep(c *SweepCmd) *Result {
 		s.del(bucketTxns, id)
 		res.Forgotten++
 	}
-	budget = s.sweepQueues(budget, c.TxnRetention, res)
+	budget = s.sweepQueues(budget, c.TxnRetention, !waitsFirst, res)
 	budget = s.sweepUTXO(budget, res)
 	res.More = budget <= 0
 	return &Result{Sweep: res}
+}
+
+// sweepKeyWaits ends the queued acquires whose wait is over, one unit of
+// the budget each, and returns what is left of it.
+func (s *applyState) sweepKeyWaits(budget int, res *SweepResult) int {
+	for _, tk := range s.dueKeys(bucketWaitExp, s.now, max(budget, 0)) {
+		budget--
+		_, wk := splitTimer(tk)
+		if s.b(bucketWaiters).Get(wk) == nil {
+			s.del(bucketWaitExp, tk)
+			continue
+		}
+		s.endWaiter(wk, errcode.Waiting.With("acquire timed out"))
+		res.Abandoned++
+	}
+	return budget
 }
 
 func (s *applyState) setBackend(c *SetBackendCmd) *Result {

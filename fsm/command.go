@@ -121,16 +121,27 @@ const formatV10 = 10
 // transaction is refused (tx_exists). It is framed as formatV1.
 const formatV11 = 11
 
+// formatV12 is the first byte of a command only builds of entry format 12
+// apply: a sweep that raises the island's rules to format 12, from which on
+// a sweep ends the acquires and dequeues whose wait is over before it
+// expires anything, so that a lease or delivery it expires hands its key
+// or message on without walking past waits that ended (work its budget
+// does not count), and one sweep entry stays a bounded step however many
+// requests waited on one key or queue. It is framed as formatV1.
+const formatV12 = 12
+
 // EntryFormat is the newest entry format this build applies. Nodes announce
 // it; a leader packs commands, and a server proposes drop_waits, prune
 // passes that keep the tip and forget_keys, only when every server
 // announces it (gossip); an entry of a newer format stops the node (apply).
-const EntryFormat = formatV11
+const EntryFormat = formatV12
 
 // format is the first byte of c's encoding: the oldest entry format whose
 // builds apply c as this one does.
 func (c *Command) format() byte {
 	switch {
+	case c.Sweep != nil && c.Sweep.Format >= formatV12:
+		return formatV12
 	case c.Sweep != nil && c.Sweep.Format >= formatV11:
 		return formatV11
 	case c.Sweep != nil && c.Sweep.Format >= formatV10:

@@ -932,7 +932,9 @@ func TestMalformedEntriesAreRejectedDeterministically(t *testing.T) {
 		{sweep(), formatV10},
 		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV10}}, formatV9},
 		{sweep(), formatV11},
-		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV11}}, formatV10}} {
+		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV11}}, formatV10},
+		{sweep(), formatV12},
+		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV12}}, formatV11}} {
 		data, err := Encode(c.cmd)
 		if err != nil {
 			t.Fatal(err)

@@ -1054,7 +1054,7 @@ func (s *applyState) extendDelivery(ns, queue string, k []byte, m *Message, unti
 // work: delays that ended (the message becomes ready), delivery leases that
 // ran out (a failed delivery, or the expiry of its transaction), messages
 // past their TTL, and waiting dequeues past their deadline.
-func (s *applyState) sweepQueues(budget int, retention int64, res *SweepResult) int {
+func (s *applyState) sweepQueues(budget int, retention int64, waits bool, res *SweepResult) int {
 	// A transaction whose staged enqueues are all it has is rolled back
 	// once their hold ends; one with a pending decision or a lease of its
 	// own ends with those.
@@ -1129,6 +1129,23 @@ func (s *applyState) sweepQueues(budget int, retention int64, res *SweepResult) 
 		s.carrySidecar(ns, queue, "", id, nil)
 		res.Forgotten++
 	}
+	if waits {
+		budget = s.sweepQueueWaits(budget, res)
+	}
+	for _, b := range [][2][]byte{{bucketQEndedAt, bucketQEnded}, {bucketQIdemAt, bucketQIdem}} {
+		for _, tk := range s.dueKeys(b[0], s.now-retention, max(budget, 0)) {
+			budget--
+			_, rk := splitTimer(tk)
+			s.del(b[0], tk)
+			s.del(b[1], rk)
+		}
+	}
+	return budget
+}
+
+// sweepQueueWaits ends the waiting dequeues whose wait is over, one unit of
+// the budget each, and returns what is left of it.
+func (s *applyState) sweepQueueWaits(budget int, res *SweepResult) int {
 	for _, tk := range s.dueKeys(bucketQWaitExp, s.now, max(budget, 0)) {
 		budget--
 		_, wk := splitTimer(tk)
@@ -1140,14 +1157,6 @@ func (s *applyState) sweepQueues(budget int, retention int64, res *SweepResult) 
 		s.removeQueueWaiter(wk, &w)
 		s.emit(Event{Kind: EventWaitEnded, RequestID: w.RequestID, Err: errcode.QueueEmpty.With("no message within the wait")})
 		res.Abandoned++
-	}
-	for _, b := range [][2][]byte{{bucketQEndedAt, bucketQEnded}, {bucketQIdemAt, bucketQIdem}} {
-		for _, tk := range s.dueKeys(b[0], s.now-retention, max(budget, 0)) {
-			budget--
-			_, rk := splitTimer(tk)
-			s.del(b[0], tk)
-			s.del(b[1], rk)
-		}
 	}
 	return budget
 }
