@@ -105,6 +105,13 @@ func (s *Sweeper) Observe(events []fsm.Event) {
 	}
 }
 
+// retentionSlack is how long a record whose retention ended (a decision,
+// how a delivery ended, an idempotent enqueue) may wait to be forgotten:
+// the records falling due within it are forgotten by one sweep, instead of
+// each by a sweep entry of its own, which under a steady stream of
+// requests would add about one Raft entry per transaction.
+const retentionSlack = time.Second
+
 func (s *Sweeper) run(ctx context.Context) {
 	retention := s.cfg.TxnRetention.Milliseconds()
 	// A new term starts with a sweep: whatever fell due while no leader
@@ -112,7 +119,7 @@ func (s *Sweeper) run(ctx context.Context) {
 	force := true
 	for {
 		now := s.clock.Now().UnixMilli()
-		next, ok := s.schedule.NextDeadline(retention)
+		next, ok := s.schedule.NextDeadline(retention + retentionSlack.Milliseconds())
 		format := s.format()
 		if force || format != 0 || (ok && next <= now) {
 			force = false
@@ -129,10 +136,11 @@ func (s *Sweeper) run(ctx context.Context) {
 				}
 				continue
 			}
-			if res.Sweep != nil && res.Sweep.More {
-				continue
-			}
-			continue // re-plan against the new state
+			// More work is due at once (the records past their retention
+			// too, which the plan sees only after the slack); else re-plan
+			// against the new state.
+			force = res.Sweep != nil && res.Sweep.More
+			continue
 		}
 		wait := s.cfg.Idle
 		if ok {

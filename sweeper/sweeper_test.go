@@ -2,6 +2,7 @@ package sweeper
 
 import (
 	"context"
+	"fmt"
 	"math"
 	"path/filepath"
 	"sync"
@@ -58,8 +59,13 @@ func (d *direct) sweeps() int {
 
 func setup(t *testing.T) (*direct, *Sweeper) {
 	t.Helper()
+	return setupWith(t, Config{TxnRetention: time.Minute, Idle: time.Hour})
+}
+
+func setupWith(t *testing.T, cfg Config) (*direct, *Sweeper) {
+	t.Helper()
 	d := &direct{}
-	sw := New(d, nil, wall{}, Config{TxnRetention: time.Minute, Idle: time.Hour})
+	sw := New(d, nil, wall{}, cfg)
 	f, err := fsm.Open(filepath.Join(t.TempDir(), "state.db"), fsm.Options{Observers: []fsm.Observer{sw}})
 	if err != nil {
 		t.Fatal(err)
@@ -244,5 +250,40 @@ func TestSweepRaisesTheRulesOnceEveryServerApplies(t *testing.T) {
 	}
 	if got := d.sweeps(); got != n {
 		t.Fatalf("%d more sweeps after the rules were raised", got-n)
+	}
+}
+
+// Decisions whose retention ends one after another are forgotten together:
+// a steady stream of transactions does not have the sweeper propose a
+// sweep entry for each of them.
+func TestDecisionsPastTheirRetentionAreForgottenTogether(t *testing.T) {
+	d, sw := setupWith(t, Config{TxnRetention: 500 * time.Millisecond, Idle: 300 * time.Millisecond})
+	sw.SetLeader(true)
+	waitFor(t, "the first sweep of the term", func() bool { return d.sweeps() == 1 })
+	const txns = 20
+	for i := range txns {
+		k, txn := fmt.Sprint("k", i), fmt.Sprint("t", i)
+		for _, c := range []*fsm.Command{
+			{Op: fsm.OpAcquire, Acquire: &fsm.AcquireCmd{Namespace: "default", Key: k, Owner: "o", TxnID: txn, LeaseID: "l" + k, RequestID: "r" + k, TTL: 60_000}},
+			{Op: fsm.OpRelease, Release: &fsm.ReleaseCmd{Namespace: "default", Key: k, LeaseID: "l" + k, TxnID: txn}},
+		} {
+			if _, err := d.Propose(context.Background(), c); err != nil {
+				t.Fatal(err)
+			}
+		}
+		time.Sleep(10 * time.Millisecond) // one decision every 10 ms
+	}
+	waitFor(t, "the decisions to be forgotten", func() bool {
+		forgotten := true
+		_ = d.f.View(func(v *fsm.View) error {
+			for i := range txns {
+				forgotten = forgotten && v.Txn(fmt.Sprint("t", i)) == nil
+			}
+			return nil
+		})
+		return forgotten
+	})
+	if n := d.sweeps() - 1; n > 3 {
+		t.Fatalf("%d sweeps forgot %d decisions that fell due within %v", n, txns, txns*10*time.Millisecond)
 	}
 }
