@@ -24,6 +24,10 @@ type Error struct {
 	// Home names the island coordinating a transaction (txn_coordinated,
 	// txn_not_home); it is not part of lockd's envelope.
 	Home string `json:"home_backend_hash,omitempty"`
+	// Island names the island that answered a txn_backend_mismatch
+	// refusing a request meant for another island (the endpoint it was
+	// sent to is not that island's); it is not part of lockd's envelope.
+	Island string `json:"backend_hash,omitempty"`
 	// TxnID names the transaction of a txn_coordinated refusal.
 	TxnID string `json:"txn_id,omitempty"`
 	// Spends and Outpoints list the failed items of a UTXO spend

@@ -94,6 +94,15 @@ func participant(p fsm.Participant) (string, string, error) {
 	return Resource(p.Namespace, p.Key)
 }
 
+// NotTarget is the answer of island self to a request meant for island
+// target: txn_backend_mismatch naming self, so that the caller tries the
+// target's next endpoint.
+func NotTarget(self, target string) *errcode.Error {
+	e := errcode.TxnBackendMismatch.With("this is island %s, not %s", self, target)
+	e.Island = self
+	return e
+}
+
 func (e *Enlisted) check(c Coordinated) (Coordinated, error) {
 	var err error
 	if c.TxnID, err = TxnID(c.TxnID); err != nil {
@@ -101,7 +110,7 @@ func (e *Enlisted) check(c Coordinated) (Coordinated, error) {
 	}
 	self := e.island.BackendHash()
 	if c.Target != "" && c.Target != self {
-		return c, errcode.TxnBackendMismatch.With("this is island %s, not %s", self, c.Target)
+		return c, NotTarget(self, c.Target)
 	}
 	if c.Home, err = BackendHash(c.Home); err != nil {
 		return c, err

@@ -266,6 +266,8 @@ func (c *Coordinator) endpoints(ctx context.Context, backend string) ([]string, 
 // atIsland calls fn on the endpoints of island backend until it succeeds,
 // fails for good, or the attempts are spent; attempts are spread over the
 // island's endpoints and spaced by exponential backoff with full jitter.
+// An endpoint that answers as another island counts as one that does not
+// answer: the island is tried through its next endpoint.
 func (c *Coordinator) atIsland(ctx context.Context, backend string, fn func(ctx context.Context, endpoint string) error) error {
 	eps, err := c.endpoints(ctx, backend)
 	if err != nil {
@@ -274,9 +276,17 @@ func (c *Coordinator) atIsland(ctx context.Context, backend string, fn func(ctx 
 	wait := backoff{bound: c.cfg.FanoutBaseDelay, max: c.cfg.FanoutMaxDelay, multiplier: c.cfg.FanoutMultiplier}
 	start := rand.IntN(len(eps))
 	for attempt := 0; ; attempt++ {
+		ep := eps[(start+attempt)%len(eps)]
 		actx, cancel := context.WithTimeout(ctx, c.cfg.FanoutTimeout)
-		err = fn(actx, eps[(start+attempt)%len(eps)])
+		err = fn(actx, ep)
 		cancel()
+		if e := envelope(unwrapEnvelope(err)); e != nil && e.Code == errcode.TxnBackendMismatch.Code && e.Island != "" && e.Island != backend {
+			// The endpoint is another island's: the island was not
+			// reached there, whatever that island answered.
+			ue := errcode.TxnUnreachable.With("endpoint %s registered for island %s serves island %s", ep, backend, e.Island)
+			ue.RetryAfter = 1
+			err = ue
+		}
 		if err == nil || permanent(err) || attempt+1 >= c.cfg.FanoutAttempts || ctx.Err() != nil {
 			return unwrapEnvelope(err)
 		}
