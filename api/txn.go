@@ -224,6 +224,14 @@ func (h *handler) txnReplay(w http.ResponseWriter, r *http.Request) error {
 	if err := h.decodeJSON(w, r, &req); err != nil {
 		return err
 	}
+	// A replay meant for another island's coordinator is not answered
+	// here: this island has no record of the transaction, and would
+	// presume it aborted.
+	if target := r.Header.Get(wire.HeaderTargetBackend); target != "" && h.LeaderOf != nil {
+		if self := h.LeaderOf.BackendHash(); target != self {
+			return rm.NotTarget(self, target)
+		}
+	}
 	info, err := h.Coordinator.Replay(r.Context(), req.TxnID)
 	if err != nil {
 		return err

@@ -48,8 +48,21 @@ func (c *Client) TxnApply(ctx context.Context, req wire.TxnDecisionRequest) (*wi
 // TxnReplay applies the recorded decision of txnID again where it is
 // missing.
 func (c *Client) TxnReplay(ctx context.Context, txnID string) (*wire.TxnReplayResponse, error) {
+	return c.TxnReplayAt(ctx, txnID, "")
+}
+
+// TxnReplayAt is TxnReplay of a transaction coordinated by island backend
+// (empty: whichever island the server is): a server of another island
+// answers txn_backend_mismatch, naming its island, instead of replaying.
+func (c *Client) TxnReplayAt(ctx context.Context, txnID, backend string) (*wire.TxnReplayResponse, error) {
+	body, _ := json.Marshal(wire.TxnReplayRequest{TxnID: txnID})
+	cl := call{method: http.MethodPost, path: "/v1/txn/replay", body: body, idempotent: true}
+	if backend != "" {
+		cl.header = http.Header{wire.HeaderTargetBackend: {backend}}
+	}
 	var out wire.TxnReplayResponse
-	return &out, c.postJSON(ctx, "/v1/txn/replay", wire.TxnReplayRequest{TxnID: txnID}, &out)
+	_, err := c.doJSON(ctx, cl, &out)
+	return &out, err
 }
 
 // TxnStatus returns the island's record of a transaction.

@@ -58,7 +58,8 @@ type Remote interface {
 	Prepare(ctx context.Context, endpoint string, req wire.TxnDecisionRequest) (wire.TxnDecisionResponse, error)
 	Apply(ctx context.Context, endpoint string, req wire.TxnDecisionRequest) (wire.TxnDecisionResponse, error)
 	Decide(ctx context.Context, endpoint string, req wire.TxnDecisionRequest) (wire.TxnDecisionResponse, error)
-	Replay(ctx context.Context, endpoint string, txnID string) (wire.TxnReplayResponse, error)
+	// Replay asks island home's coordinator, at endpoint, to replay txnID.
+	Replay(ctx context.Context, endpoint, home, txnID string) (wire.TxnReplayResponse, error)
 	Register(ctx context.Context, endpoint string, req wire.TCRMRegisterRequest, remove bool) (wire.TCRMRegisterResponse, error)
 }
 
@@ -701,7 +702,7 @@ func (c *Coordinator) resolveDoubt(ctx context.Context, rec *fsm.TxnRecord) (*fs
 	var resp wire.TxnReplayResponse
 	err := c.atIsland(ctx, rec.Home, func(ctx context.Context, ep string) error {
 		var err error
-		resp, err = c.remote.Replay(ctx, ep, rec.ID)
+		resp, err = c.remote.Replay(ctx, ep, rec.Home, rec.ID)
 		return err
 	})
 	if err != nil {

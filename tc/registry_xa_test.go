@@ -79,3 +79,40 @@ func TestAnEndpointOfAnotherIslandDoesNotRollATransactionBack(t *testing.T) {
 		prepare.TxnID = xid.New().String()
 	}
 }
+
+// An island in doubt asks its coordinator's island through the endpoints
+// registered for it; one of them serving another island answers that it is
+// not the coordinator, instead of presuming the transaction aborted from
+// having no record of it, so the island does not roll back what its
+// coordinator committed.
+func TestAnIslandInDoubtIsNotAnsweredByAnotherIsland(t *testing.T) {
+	a, b, c := startIsland(t, "a"), startIsland(t, "b"), startIsland(t, "c")
+	register(t, a, b)
+	registerAt(t, b, a.hash(), c.url)
+	ctx := context.Background()
+	txn := xid.New().String()
+	stage(t, acquire(t, b.client(), "kb", txn, "w"), `{"v":1}`)
+	if _, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStatePending, Owner: "w",
+		Participants: []wire.TxnParticipant{part("kb", b)}, ExpiresAtUnix: time.Now().Add(2 * time.Second).Unix()}); err != nil {
+		t.Fatal(err)
+	}
+	b.stop()
+	_, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateCommit})
+	wantCode(t, err, http.StatusBadGateway, "txn_fanout_failed")
+	a.stop()
+	b.start()
+	// Past the pending decision's expiry b asks a's endpoints: a's own
+	// does not answer, and c's is another island's.
+	testutil.WaitFor(t, 20*time.Second, "b to ask c", func() bool { return requests(t, c, "/v1/txn/replay") > 0 })
+	if r := b.record(txn); r == nil || r.State != fsm.TxnPending {
+		t.Fatalf("b's record after island c was asked for a's decision: %+v", r)
+	}
+	a.start()
+	testutil.WaitFor(t, 20*time.Second, "b to apply a's commit", func() bool {
+		r := b.record(txn)
+		return r != nil && r.State == fsm.TxnCommit
+	})
+	if got := publicDoc(t, b.client(), "kb"); got != `{"v":1}` {
+		t.Fatalf("kb after the commit: %q", got)
+	}
+}

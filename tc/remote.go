@@ -69,8 +69,8 @@ func (h *HTTPRemote) Decide(ctx context.Context, endpoint string, req wire.TxnDe
 }
 
 // Replay implements Remote.
-func (h *HTTPRemote) Replay(ctx context.Context, endpoint string, txnID string) (wire.TxnReplayResponse, error) {
-	return call(h, endpoint, func(c *client.Client) (*wire.TxnReplayResponse, error) { return c.TxnReplay(ctx, txnID) })
+func (h *HTTPRemote) Replay(ctx context.Context, endpoint, home, txnID string) (wire.TxnReplayResponse, error) {
+	return call(h, endpoint, func(c *client.Client) (*wire.TxnReplayResponse, error) { return c.TxnReplayAt(ctx, txnID, home) })
 }
 
 // Register implements Remote.
