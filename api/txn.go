@@ -206,6 +206,9 @@ func (h *handler) txnDecide(w http.ResponseWriter, r *http.Request) error {
 	if err := h.decodeJSON(w, r, &req); err != nil {
 		return err
 	}
+	if err := h.meantHere(r.Header.Get(wire.HeaderTargetBackend)); err != nil {
+		return err
+	}
 	exp, err := decisionExpiry(req.State, req.ExpiresAtUnix, h.MaxTTL)
 	if err != nil {
 		return err
@@ -219,18 +222,26 @@ func (h *handler) txnDecide(w http.ResponseWriter, r *http.Request) error {
 	return nil
 }
 
+// meantHere refuses a decide or replay meant for another island's
+// coordinator (target): this island has no record of the transaction, and
+// would decide it, or presume it aborted, on its own.
+func (h *handler) meantHere(target string) error {
+	if target == "" || h.LeaderOf == nil {
+		return nil
+	}
+	if self := h.LeaderOf.BackendHash(); target != self {
+		return rm.NotTarget(self, target)
+	}
+	return nil
+}
+
 func (h *handler) txnReplay(w http.ResponseWriter, r *http.Request) error {
 	var req wire.TxnReplayRequest
 	if err := h.decodeJSON(w, r, &req); err != nil {
 		return err
 	}
-	// A replay meant for another island's coordinator is not answered
-	// here: this island has no record of the transaction, and would
-	// presume it aborted.
-	if target := r.Header.Get(wire.HeaderTargetBackend); target != "" && h.LeaderOf != nil {
-		if self := h.LeaderOf.BackendHash(); target != self {
-			return rm.NotTarget(self, target)
-		}
+	if err := h.meantHere(r.Header.Get(wire.HeaderTargetBackend)); err != nil {
+		return err
 	}
 	info, err := h.Coordinator.Replay(r.Context(), req.TxnID)
 	if err != nil {

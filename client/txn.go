@@ -23,8 +23,29 @@ func (c *Client) postJSON(ctx context.Context, path string, in, out any) error {
 // TxnDecide records a decision (pending, commit or rollback) with the
 // island's coordinator, which applies and fans it out.
 func (c *Client) TxnDecide(ctx context.Context, req wire.TxnDecisionRequest) (*wire.TxnDecisionResponse, error) {
+	return c.TxnDecideAt(ctx, req, "")
+}
+
+// TxnDecideAt is TxnDecide of a transaction coordinated by island backend
+// (empty: whichever island the server is): a server of another island
+// answers txn_backend_mismatch, naming its island, instead of deciding.
+func (c *Client) TxnDecideAt(ctx context.Context, req wire.TxnDecisionRequest, backend string) (*wire.TxnDecisionResponse, error) {
 	var out wire.TxnDecisionResponse
-	return &out, c.postJSON(ctx, "/v1/txn/decide", req, &out)
+	_, err := c.doJSON(ctx, toIsland(call{method: http.MethodPost, path: "/v1/txn/decide", body: mustJSON(req), idempotent: true}, backend), &out)
+	return &out, err
+}
+
+// toIsland marks cl as meant for island backend (X-Raftlockd-Target-Backend).
+func toIsland(cl call, backend string) call {
+	if backend != "" {
+		cl.header = http.Header{wire.HeaderTargetBackend: {backend}}
+	}
+	return cl
+}
+
+func mustJSON(v any) []byte {
+	b, _ := json.Marshal(v)
+	return b
 }
 
 // TxnPrepare asks an island's resource manager to lock and enlist its
@@ -55,13 +76,9 @@ func (c *Client) TxnReplay(ctx context.Context, txnID string) (*wire.TxnReplayRe
 // (empty: whichever island the server is): a server of another island
 // answers txn_backend_mismatch, naming its island, instead of replaying.
 func (c *Client) TxnReplayAt(ctx context.Context, txnID, backend string) (*wire.TxnReplayResponse, error) {
-	body, _ := json.Marshal(wire.TxnReplayRequest{TxnID: txnID})
-	cl := call{method: http.MethodPost, path: "/v1/txn/replay", body: body, idempotent: true}
-	if backend != "" {
-		cl.header = http.Header{wire.HeaderTargetBackend: {backend}}
-	}
 	var out wire.TxnReplayResponse
-	_, err := c.doJSON(ctx, cl, &out)
+	_, err := c.doJSON(ctx, toIsland(call{method: http.MethodPost, path: "/v1/txn/replay",
+		body: mustJSON(wire.TxnReplayRequest{TxnID: txnID}), idempotent: true}, backend), &out)
 	return &out, err
 }
 

@@ -57,7 +57,9 @@ type Island interface {
 type Remote interface {
 	Prepare(ctx context.Context, endpoint string, req wire.TxnDecisionRequest) (wire.TxnDecisionResponse, error)
 	Apply(ctx context.Context, endpoint string, req wire.TxnDecisionRequest) (wire.TxnDecisionResponse, error)
-	Decide(ctx context.Context, endpoint string, req wire.TxnDecisionRequest) (wire.TxnDecisionResponse, error)
+	// Decide asks island home's coordinator (empty: this island's), at
+	// endpoint, to decide.
+	Decide(ctx context.Context, endpoint, home string, req wire.TxnDecisionRequest) (wire.TxnDecisionResponse, error)
 	// Replay asks island home's coordinator, at endpoint, to replay txnID.
 	Replay(ctx context.Context, endpoint, home, txnID string) (wire.TxnReplayResponse, error)
 	Register(ctx context.Context, endpoint string, req wire.TCRMRegisterRequest, remove bool) (wire.TCRMRegisterResponse, error)
@@ -193,7 +195,7 @@ func (c *Coordinator) decideAtLeader(ctx context.Context, txn, state string) (*f
 		e.RetryAfter = 1
 		return nil, e
 	}
-	resp, err := c.remote.Decide(ctx, ep, wire.TxnDecisionRequest{TxnID: txn, State: state})
+	resp, err := c.remote.Decide(ctx, ep, "", wire.TxnDecisionRequest{TxnID: txn, State: state})
 	if err != nil {
 		return nil, unwrapEnvelope(err)
 	}
@@ -205,7 +207,7 @@ func (c *Coordinator) decideAt(ctx context.Context, home, txn, state string) (*f
 	var resp wire.TxnDecisionResponse
 	err := c.atIsland(ctx, home, func(ctx context.Context, ep string) error {
 		var err error
-		resp, err = c.remote.Decide(ctx, ep, wire.TxnDecisionRequest{TxnID: txn, State: state})
+		resp, err = c.remote.Decide(ctx, ep, home, wire.TxnDecisionRequest{TxnID: txn, State: state})
 		return err
 	})
 	if err != nil {

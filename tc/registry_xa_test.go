@@ -80,15 +80,23 @@ func TestAnEndpointOfAnotherIslandDoesNotRollATransactionBack(t *testing.T) {
 	}
 }
 
+// endpointOfCForA starts islands a, b and c, registers a and b with each
+// other, and registers c's endpoint for island a at b.
+func endpointOfCForA(t *testing.T) (a, b, c *island) {
+	t.Helper()
+	a, b, c = startIsland(t, "a"), startIsland(t, "b"), startIsland(t, "c")
+	register(t, a, b)
+	registerAt(t, b, a.hash(), c.url)
+	return a, b, c
+}
+
 // An island in doubt asks its coordinator's island through the endpoints
 // registered for it; one of them serving another island answers that it is
 // not the coordinator, instead of presuming the transaction aborted from
 // having no record of it, so the island does not roll back what its
 // coordinator committed.
 func TestAnIslandInDoubtIsNotAnsweredByAnotherIsland(t *testing.T) {
-	a, b, c := startIsland(t, "a"), startIsland(t, "b"), startIsland(t, "c")
-	register(t, a, b)
-	registerAt(t, b, a.hash(), c.url)
+	a, b, c := endpointOfCForA(t)
 	ctx := context.Background()
 	txn := xid.New().String()
 	stage(t, acquire(t, b.client(), "kb", txn, "w"), `{"v":1}`)
@@ -114,5 +122,29 @@ func TestAnIslandInDoubtIsNotAnsweredByAnotherIsland(t *testing.T) {
 	})
 	if got := publicDoc(t, b.client(), "kb"); got != `{"v":1}` {
 		t.Fatalf("kb after the commit: %q", got)
+	}
+}
+
+// A release of a participant prepared for another island's coordinator
+// asks that island to decide, through the endpoints registered for it; one
+// of them serving another island answers that it is not the coordinator,
+// instead of recording a decision of its own, so the release does not
+// report a commit the coordinator never made.
+func TestAReleaseIsNotDecidedByAnotherIsland(t *testing.T) {
+	a, b, c := endpointOfCForA(t)
+	ctx := context.Background()
+	txn := xid.New().String()
+	lb := acquire(t, b.client(), "kb", txn, "w")
+	stage(t, lb, `{"v":1}`)
+	if _, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStatePending, Owner: "w",
+		Participants: []wire.TxnParticipant{part("kb", b)}}); err != nil {
+		t.Fatal(err)
+	}
+	a.stop()
+	if err := lb.Release(ctx, false); err == nil {
+		t.Fatal("the release answered while the coordinating island was down")
+	}
+	if r := c.record(txn); r != nil {
+		t.Fatalf("island c decided another island's transaction: %+v", r)
 	}
 }

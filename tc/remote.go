@@ -64,8 +64,8 @@ func (h *HTTPRemote) Apply(ctx context.Context, endpoint string, req wire.TxnDec
 }
 
 // Decide implements Remote.
-func (h *HTTPRemote) Decide(ctx context.Context, endpoint string, req wire.TxnDecisionRequest) (wire.TxnDecisionResponse, error) {
-	return call(h, endpoint, func(c *client.Client) (*wire.TxnDecisionResponse, error) { return c.TxnDecide(ctx, req) })
+func (h *HTTPRemote) Decide(ctx context.Context, endpoint, home string, req wire.TxnDecisionRequest) (wire.TxnDecisionResponse, error) {
+	return call(h, endpoint, func(c *client.Client) (*wire.TxnDecisionResponse, error) { return c.TxnDecideAt(ctx, req, home) })
 }
 
 // Replay implements Remote.

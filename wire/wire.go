@@ -32,10 +32,10 @@ const (
 	// (a Go duration such as "1.5s"); the server gives up on the request,
 	// including its forwarding to the leader, when that time has passed.
 	HeaderTimeout = "X-Raftlockd-Timeout"
-	// HeaderTargetBackend names the island a replay is meant for (an island
-	// in doubt asking its coordinator's island): a server of another
-	// island answers txn_backend_mismatch instead of the replay. A header
-	// rather than a field of lockd's body, which builds without it refuse.
+	// HeaderTargetBackend names the island a decide or replay is meant for
+	// (an island asking its coordinator's island): a server of another
+	// island answers txn_backend_mismatch instead. A header rather than a
+	// field of lockd's bodies, which builds without it refuse.
 	HeaderTargetBackend = "X-Raftlockd-Target-Backend"
 )
 
