@@ -51,7 +51,9 @@ var endpointClass = map[string]class{
 	"/v1/tc/leader": classTCClient, "/v1/tc/cluster/list": classTCClient, "/v1/tc/rm/list": classTCClient,
 	"/v1/txn/decide": classTCClient, "/v1/txn/replay": classTCClient, "/v1/txn/status": classTCClient,
 
-	"/v1/tc/cluster/announce": classTCServer, "/v1/tc/cluster/leave": classTCServer,
+	// A leave shuts a member down, as /v1/cluster/leave does: only the
+	// island's own servers may ask for it (it is administrative).
+	"/v1/tc/cluster/announce": classTCServer, "/v1/tc/cluster/leave": classAdmin,
 	"/v1/tc/rm/register": classTCServer, "/v1/tc/rm/unregister": classTCServer,
 	"/v1/txn/prepare": classTCServer, "/v1/txn/commit": classTCServer, "/v1/txn/rollback": classTCServer,
 

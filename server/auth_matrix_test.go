@@ -617,7 +617,7 @@ func matrixRows() []matrixRow {
 			req: func(c *matrixCell) *http.Request {
 				return c.post("/v1/tc/cluster/announce", wire.TCClusterAnnounceRequest{SelfEndpoint: c.base})
 			}},
-		{method: http.MethodPost, path: "/v1/tc/cluster/leave", class: tcServer, ok: outcome{404, "not_found"},
+		{method: http.MethodPost, path: "/v1/tc/cluster/leave", class: admin, ok: outcome{404, "not_found"},
 			req: func(c *matrixCell) *http.Request {
 				return c.post("/v1/tc/cluster/leave", wire.TCClusterLeaveRequest{SelfEndpoint: "https://127.0.0.1:1"})
 			}},
