@@ -300,6 +300,11 @@ func (h *handler) txnRM(state string) func(http.ResponseWriter, *http.Request) e
 	}
 }
 
+// maxChangeAhead is how far ahead of this server's clock a registry change
+// passed on by another island may be dated: the islands' clocks may differ
+// by that much.
+const maxChangeAhead = 24 * time.Hour
+
 func (h *handler) rmRegister(remove bool) func(http.ResponseWriter, *http.Request) error {
 	return func(w http.ResponseWriter, r *http.Request) error {
 		var req wire.TCRMRegisterRequest
@@ -322,6 +327,12 @@ func (h *handler) rmRegister(remove bool) func(http.ResponseWriter, *http.Reques
 		}
 		change := fsm.RMRegisterCmd{Backend: backend, Endpoint: ep, Remove: remove, PassedOn: req.PassedOn}
 		if req.PassedOn {
+			// The time orders this change against others of the endpoint
+			// on every island: one far ahead would win over every later
+			// change, so a registration could never be undone.
+			if at := req.ChangedAtUnixMs; at < 0 || at > time.Now().Add(maxChangeAhead).UnixMilli() {
+				return errcode.InvalidParams.With("changed_at_unix_ms %d is not a time up to %s from now", at, maxChangeAhead)
+			}
 			change.ChangedAt = req.ChangedAtUnixMs
 		}
 		info, err := h.Coordinator.Register(r.Context(), change)
