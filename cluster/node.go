@@ -562,7 +562,8 @@ func (n *Node) stop() error {
 	n.drainCalls()
 	shut := n.raft.Shutdown()
 	// Raft's goroutines may be reading from a peer (a snapshot being
-	// installed) that will never send more: its connections end now.
+	// installed) that will never send more, or waiting for a peer that
+	// does not answer: their connections, and dials, end now.
 	// (Raft closes the transport itself once they have stopped; closing it
 	// first keeps its listener from reporting the end of the mux as a
 	// failure.)

@@ -103,7 +103,7 @@ type mux struct {
 	once   sync.Once
 
 	mu    sync.Mutex
-	conns map[*trackedConn]struct{} // accepted connections, closed on shutdown
+	conns map[*trackedConn]struct{} // accepted connections and raft's dialled ones, closed on shutdown
 
 	island   func() string // this node's backend hash
 	self     string        // this node's id
@@ -114,7 +114,7 @@ type mux struct {
 
 func newMux(ln net.Listener, rpc func(net.Conn), self string, island func() string, certs PeerTLS, log *slog.Logger) *mux {
 	m := &mux{ln: ln, raftCh: make(chan net.Conn), rpc: rpc, log: log, done: make(chan struct{}),
-		conns: map[*trackedConn]struct{}{}, self: self, island: island, certs: certs, refused: warnEvery{every: 10 * time.Second}}
+		self: self, island: island, certs: certs, refused: warnEvery{every: 10 * time.Second}}
 	m.wg.Add(1)
 	go m.accept()
 	return m
@@ -292,9 +292,9 @@ func (w *warnEvery) due() bool {
 	return false
 }
 
-// track remembers an accepted connection until it is closed, so that
-// shutting the node down ends every connection it accepted (and the
-// goroutines serving them), whoever holds the other end.
+// track remembers a connection (accepted, or dialled for raft) until it is
+// closed, so that shutting the node down ends every such connection (and
+// the goroutines using them), whoever holds the other end.
 func (m *mux) track(c net.Conn, raft bool) (net.Conn, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -305,6 +305,9 @@ func (m *mux) track(c net.Conn, raft bool) (net.Conn, bool) {
 	default:
 	}
 	tc := &trackedConn{Conn: c, m: m, raft: raft}
+	if m.conns == nil {
+		m.conns = map[*trackedConn]struct{}{}
+	}
 	m.conns[tc] = struct{}{}
 	return tc, true
 }
@@ -325,8 +328,21 @@ func (t *trackedConn) Close() error {
 	return t.Conn.Close()
 }
 
-// shut stops accepting and ends the accepted Raft connections (raft may be
-// blocked reading one). RPC connections stay until close: the answer to a
+// life is a context that ends when the mux shuts down (or when cancelled).
+func (m *mux) life() (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		select {
+		case <-m.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, cancel
+}
+
+// shut stops accepting and ends the Raft connections, accepted and dialled
+// (raft may be blocked reading one). RPC connections stay until close: the answer to a
 // request raft has already taken is still delivered.
 func (m *mux) shut() {
 	m.once.Do(func() {
@@ -388,10 +404,27 @@ func (s *streamLayer) Addr() net.Addr { return s.advertise }
 // Dial connects raft to addr after both ends named their island (see
 // writeIsland); it fails with ErrOtherIsland when they differ. A server
 // that gossip says runs a build from before the check is dialled as it
-// expects.
+// expects. The dial, and the connection raft then keeps, end when the node
+// shuts down: a peer that does not answer (a paused process, a network
+// that drops its packets) would otherwise hold raft's shutdown for the
+// whole timeout of every request waiting on it.
 func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+	ctx, cancel := s.m.life()
+	defer cancel()
+	c, err := s.dial(ctx, addr, timeout)
+	if err != nil {
+		return nil, err
+	}
+	tc, ok := s.m.track(c, true)
+	if !ok {
+		return nil, fmt.Errorf("cluster: dial %s: %w", addr, net.ErrClosed)
+	}
+	return tc, nil
+}
+
+func (s *streamLayer) dial(ctx context.Context, addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	if s.older != nil && s.older(string(addr)) {
-		c, err := dialProto(context.Background(), s.network, string(addr), timeout, protoRaft)
+		c, err := dialProto(ctx, s.network, string(addr), timeout, protoRaft)
 		if err != nil {
 			return nil, err
 		}
@@ -401,10 +434,13 @@ func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.
 		}
 		return c, nil
 	}
-	c, err := dialProto(context.Background(), s.network, string(addr), timeout, protoRaftIsland)
+	c, err := dialProto(ctx, s.network, string(addr), timeout, protoRaftIsland)
 	if err != nil {
 		return nil, err
 	}
+	// The node shutting down ends the wait for the peer's island.
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	defer stop()
 	ours := s.m.island()
 	_ = c.SetDeadline(time.Now().Add(timeout))
 	if err := writeIsland(c, ours, s.m.self); err != nil {

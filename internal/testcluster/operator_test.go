@@ -435,3 +435,25 @@ func TestACoordinatorRequestWaitsForAnElection(t *testing.T) {
 		t.Fatalf("a decide sent during an election: %v", err)
 	}
 }
+
+// A server stopped while its peers do not answer (paused, or cut off by a
+// network that drops their packets) stops within about a second: Raft's
+// requests to them, and its dials still waiting for their answer, end with
+// the server instead of running out their ten-second timeouts first.
+func TestAServerWhosePeersDoNotAnswerStopsPromptly(t *testing.T) {
+	c := Start(t, 3)
+	l := c.WaitLeader(10 * time.Second)
+	for _, i := range others(c, l) {
+		c.Freeze(i)
+	}
+	// The leader's heartbeats and the candidate's votes now wait on
+	// connections that get no answer.
+	testutil.WaitFor(t, 10*time.Second, "the leader to step down", func() bool {
+		return !c.Nodes[l].Server.Node().IsLeader()
+	})
+	start := time.Now()
+	c.Stop(l)
+	if took := time.Since(start); took > 3*time.Second {
+		t.Fatalf("stopping a server whose peers do not answer took %s", took.Round(time.Millisecond))
+	}
+}
