@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 	"strings"
 	"time"
+	"unicode"
 
 	"github.com/raftlockd/raftlockd/wire"
 )
@@ -183,6 +184,8 @@ func (s *Server) APIEndpoint(bound string) string {
 	return s.Scheme() + "://" + net.JoinHostPort(host, port)
 }
 
+func notPrintable(r rune) bool { return !unicode.IsPrint(r) }
+
 // Validate reports every setting that cannot work, each naming its flag
 // and the value it was given.
 func (s *Server) Validate() error {
@@ -197,6 +200,11 @@ func (s *Server) Validate() error {
 	if s.DataDir == "" {
 		errs = append(errs, errors.New("data dir is required"))
 	}
+	// The id is kept in the data directory as a line of text and read
+	// back without the spaces around it: an id with any would not be the
+	// same one after a restart.
+	want(s.NodeID == "" || strings.TrimSpace(s.NodeID) == s.NodeID && !strings.ContainsFunc(s.NodeID, notPrintable),
+		"node-id", fmt.Sprintf("%q", s.NodeID), "printable characters without spaces around them")
 	for name, addr := range map[string]string{"listen": s.Listen, "raft-listen": s.RaftListen, "gossip-listen": s.GossipListen} {
 		_, port, err := net.SplitHostPort(addr)
 		if err == nil {

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -157,5 +158,27 @@ func TestDefaultTTLOfLessThanAMillisecondIsRefused(t *testing.T) {
 	s.DefaultTTL = time.Millisecond
 	if err := s.Validate(); err != nil {
 		t.Fatalf("default-ttl 1ms: %v", err)
+	}
+}
+
+// A node id is kept in the data directory as a line of text: one with
+// spaces around it, or with characters that are not printable, is refused
+// at start rather than kept as another id than the one given (the next
+// start with the same flags would be refused, and one without them would
+// run under an id its Raft configuration does not know).
+func TestNodeIDIsPrintableWithoutSurroundingSpaces(t *testing.T) {
+	for _, id := range []string{"n1", "node 1", "nœud-1", ""} {
+		s := Default()
+		s.NodeID = id
+		if err := s.Validate(); err != nil {
+			t.Errorf("node-id %q: %v", id, err)
+		}
+	}
+	for _, id := range []string{" n1", "n1 ", "n1\n", " ", "n\x001", "n\t1"} {
+		s := Default()
+		s.NodeID = id
+		if err := s.Validate(); err == nil || !strings.Contains(err.Error(), fmt.Sprintf("node-id %q", id)) {
+			t.Errorf("node-id %q: %v, want a refusal naming it", id, err)
+		}
 	}
 }

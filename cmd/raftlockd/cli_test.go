@@ -1077,6 +1077,7 @@ func TestServerRefusesSettingsItCannotRun(t *testing.T) {
 		{"api-advertise", "127.0.0.1:9341"},
 		{"api-advertise", "https://node1:9341/api"},
 		{"api-advertise", "https://node1:99999"},
+		{"node-id", "n1 "},
 	} {
 		t.Run(c.flag+"="+c.value, func(t *testing.T) {
 			dir := t.TempDir()
