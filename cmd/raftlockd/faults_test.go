@@ -5,7 +5,9 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand"
+	"net"
 	"os"
 	"os/exec"
 	"slices"
@@ -433,4 +435,44 @@ func TestASecondServerUnderOneIDStops(t *testing.T) {
 		t.Fatalf("%s, which ran first, stopped:\n%s", first.id, first.proc.log.String())
 	}
 	c.waitReady(0, 10*time.Second)
+}
+
+// A second SIGTERM (or Ctrl-C) stops a server that is still shutting down
+// at once, as a crash would, instead of being ignored until the shutdown
+// ends: here a client that sent half a request holds the shutdown for its
+// ten seconds. Restarted, the server serves what it held.
+func TestASecondSignalStopsAShutdownAtOnce(t *testing.T) {
+	t.Parallel()
+	dir, listen := t.TempDir(), testutil.FreeAddr(t)
+	args := append(serverFlags(dir, listen, testutil.FreeAddr(t)), "--disable-mtls")
+	srv := startServer(t, dir, listen, args, nil)
+	mustCLI(t, srv.clientEnv(), "", "client", "acquire", "--key", "kept", "--ttl", "10m")
+	half, err := net.Dial("tcp", listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer half.Close()
+	if _, err := io.WriteString(half, "POST /v1/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"); err != nil {
+		t.Fatal(err)
+	}
+	if err := syscall.Kill(srv.cmd.Process.Pid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	testutil.WaitFor(t, 10*time.Second, "the server to begin shutting down", func() bool {
+		return strings.Contains(srv.log.String(), "shutting down")
+	})
+	second := time.Now()
+	if err := syscall.Kill(srv.cmd.Process.Pid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-srv.done:
+	case <-time.After(5 * time.Second):
+		t.Fatalf("the server still runs 5s after a second SIGTERM; output:\n%s", srv.log.String())
+	}
+	t.Logf("stopped %s after the second SIGTERM (%v)", time.Since(second).Round(time.Millisecond), srv.waitErr)
+	srv = startServer(t, dir, listen, args, nil)
+	if d := describe(t, srv.clientEnv(), "kept"); d.LeaseID == "" {
+		t.Fatalf("after the restart the key is not held: %+v", d)
+	}
 }

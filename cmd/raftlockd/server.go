@@ -71,7 +71,10 @@ restart. --disable-mtls serves plain HTTP to anyone (development only).`,
 					}
 					continue
 				case <-ctx.Done():
-					log.Info("shutting down")
+					// A second signal takes its default effect: the process
+					// ends at once, its state kept as after a crash.
+					stop()
+					log.Info("shutting down; a second SIGINT or SIGTERM stops at once")
 					sctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 					defer cancel()
 					// A leader stopped on purpose hands over first: the
