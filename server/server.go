@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -154,10 +155,17 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 		return nil, err
 	}
 	// Peers call the advertised endpoint and compare it with the ones
-	// operators name: it is published in the form they use.
+	// operators name: it is published in the form they use. Other
+	// islands' endpoints are held to the form their registry keeps.
 	if cfg.APIAdvertise != "" {
 		if cfg.APIAdvertise, err = cluster.NormalizeEndpoint(cfg.APIAdvertise); err != nil {
 			return nil, fmt.Errorf("api-advertise: %w", err)
+		}
+	}
+	cfg.TCPeers = slices.Clone(cfg.TCPeers)
+	for i, p := range cfg.TCPeers {
+		if cfg.TCPeers[i], err = cluster.NormalizeEndpoint(p); err != nil {
+			return nil, fmt.Errorf("tc-peer: %w", err)
 		}
 	}
 	if log == nil {

@@ -1078,6 +1078,9 @@ func TestServerRefusesSettingsItCannotRun(t *testing.T) {
 		{"api-advertise", "https://node1:9341/api"},
 		{"api-advertise", "https://node1:99999"},
 		{"node-id", "n1 "},
+		{"tc-peer", "https://node1:99999"},
+		{"tc-peer", "https://node1:9341/api"},
+		{"tc-peer", "https://user@node1:9341"},
 	} {
 		t.Run(c.flag+"="+c.value, func(t *testing.T) {
 			dir := t.TempDir()
