@@ -627,3 +627,60 @@ func TestRemovePeerDoesNotCountAJoiningVoterAsLive(t *testing.T) {
 		t.Fatalf("removing the follower beside a voter that caught up: %v", err)
 	}
 }
+
+// Commands proposed through every server while the leader hands its
+// leadership over (as a leader stopped with SIGTERM does) are taken by the
+// new leader: raft refuses them on the old one during the transfer and
+// after it, before proposing anything, so none is answered as refused or
+// as of an unknown outcome.
+func TestCommandsDuringAHandOffReachTheNewLeader(t *testing.T) {
+	nodes := startStatic(t, 3)
+	old := leaderOf(t, nodes)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	failed := map[string]int{}
+	applied := 0
+	for w := 0; w < 9; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_, err := nodes[w%3].Propose(ctx, acquireCmd(fmt.Sprintf("w%d-%d", w, i)))
+				cancel()
+				mu.Lock()
+				if err != nil {
+					failed[err.Error()]++
+				} else {
+					applied++
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	appliedAtLeast := func(n int) func() bool {
+		return func() bool { mu.Lock(); defer mu.Unlock(); return applied >= n }
+	}
+	waitFor(t, 10*time.Second, "commands through every server", appliedAtLeast(100))
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if !old.HandOff(ctx) {
+		t.Fatal("leadership was not handed over")
+	}
+	mu.Lock()
+	handed := applied
+	mu.Unlock()
+	waitFor(t, 10*time.Second, "commands under the new leader", appliedAtLeast(handed+100))
+	close(stop)
+	wg.Wait()
+	if len(failed) > 0 {
+		t.Fatalf("%d commands applied, and these failed: %v", applied, failed)
+	}
+	t.Logf("%d commands applied, none failed", applied)
+}

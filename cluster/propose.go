@@ -106,7 +106,13 @@ func (n *Node) Propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, erro
 			return nil, err
 		}
 		if id == raft.ServerID(n.cfg.NodeID) {
-			return n.proposeLocal(ctx, cmd)
+			res, err := n.proposeLeading(ctx, cmd)
+			// It stopped leading before proposing anything (it handed
+			// its leadership over): the new leader takes the command.
+			if refused(res, err) && attempt < 3 && sleepCtx(ctx, n.done, 20*time.Millisecond) {
+				continue
+			}
+			return res, err
 		}
 		data, err := fsm.Encode(cmd)
 		if err != nil {
@@ -149,6 +155,40 @@ func (n *Node) Propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, erro
 		}
 		return reply.Result, nil
 	}
+}
+
+// proposeLeading is proposeLocal on a server that may be handing its
+// leadership over: raft refuses commands while the transfer runs, and one
+// it refused is proposed again once the transfer has ended (bounded by the
+// election timeout), here when it failed and this server still leads, and
+// otherwise refused as not_leader, which the caller takes to the new
+// leader.
+func (n *Node) proposeLeading(ctx context.Context, cmd *fsm.Command) (*fsm.Result, error) {
+	start := time.Now()
+	for {
+		res, err := n.proposeLocal(ctx, cmd)
+		var h handingOver
+		if !errors.As(err, &h) {
+			return res, err
+		}
+		if time.Since(start) >= n.cfg.LeaderWait || !sleepCtx(ctx, n.done, 10*time.Millisecond) {
+			return res, err
+		}
+	}
+}
+
+// handingOver is raft's refusal of a command while this server hands its
+// leadership over: the command was not proposed.
+type handingOver struct{ err *errcode.Error }
+
+func (h handingOver) Error() string { return h.err.Error() }
+func (h handingOver) Unwrap() error { return h.err }
+
+// refused tells whether a proposal failed with not_leader: this server no
+// longer led, so nothing was proposed.
+func refused(res *fsm.Result, err error) bool {
+	var e *errcode.Error
+	return res == nil && errors.As(err, &e) && e.Code == errcode.NotLeader.Code
 }
 
 // retryUndelivered decides whether a request that never reached the leader
@@ -224,7 +264,11 @@ func (n *Node) raftErr(err error) error {
 	switch {
 	case errors.Is(err, raft.ErrNotLeader):
 		return n.notLeader()
-	case errors.Is(err, raft.ErrLeadershipLost), errors.Is(err, raft.ErrLeadershipTransferInProgress):
+	case errors.Is(err, raft.ErrLeadershipTransferInProgress):
+		e := errcode.Unavailable.With("leadership is being handed over; retry it: %v", err)
+		e.RetryAfter = 1
+		return handingOver{e}
+	case errors.Is(err, raft.ErrLeadershipLost):
 		e := errcode.Unavailable.With("leadership changed while the request was in flight; retry it: %v", err)
 		e.RetryAfter = 1
 		return e

@@ -145,7 +145,7 @@ func (s *rpcService) Propose(args ProposeArgs, reply *ProposeReply) error {
 		reply.setErr(s.n.notLeader())
 		return nil
 	}
-	res, err := s.n.proposeLocal(ctx, cmd)
+	res, err := s.n.proposeLeading(ctx, cmd)
 	reply.Result = res
 	reply.setErr(asErr(err))
 	return nil
