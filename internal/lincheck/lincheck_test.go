@@ -184,7 +184,7 @@ func runSchedule(t *testing.T, s schedule) stats {
 	// Failures here are reported after the history was checked and, since
 	// they are failures, saved.
 	var problems []string
-	if err := w.FinalReads(20 * time.Second); err != nil {
+	if err := w.Finish(30 * time.Second); err != nil {
 		problems = append(problems, err.Error())
 	}
 	if err := c.Converged(20 * time.Second); err != nil {

@@ -9,7 +9,9 @@
 // through porcupine against Model, a sequential specification of one key
 // (the history is partitioned by key), and additionally checks that fencing
 // tokens grow in real-time order and that a lease never succeeds once a
-// later lease of its key has been granted.
+// later lease of its key has been granted. After the faults, each key is
+// read, then acquired and read again with the new lease: the clients'
+// abandoned leases must have run out by then and rolled their writes back.
 //
 // Time in a history is the recorder's monotonic clock in nanoseconds. The
 // model uses it for lease expiry: a lease acquired by an operation that ran

@@ -131,6 +131,14 @@ func (k *worker) sleep(d time.Duration) {
 func (k *worker) key() string { return k.w.Keys[k.r.Intn(len(k.w.Keys))] }
 
 func (k *worker) run() {
+	// A client still holding a lease when the workload stops stages one
+	// more write and goes away, as one that crashes mid-transaction: its
+	// lease runs out, which must roll the write back (Finish).
+	defer func() {
+		if k.lease != nil {
+			k.update()
+		}
+	}()
 	for !k.stopped() {
 		k.sleep(time.Duration(1 + k.r.Int63n(int64(k.w.Think))))
 		if k.stopped() {
@@ -320,44 +328,129 @@ func (k *worker) release(rollback bool) {
 	k.lease = nil // whatever happened, this client is done with it
 }
 
-// FinalReads reads every key's committed document once the cluster has
-// healed, through any node that answers (dialed directly, not through
-// Dial), and records the reads as the operations of one more client (id
-// Clients+Readers). They anchor the end of the history: every acknowledged commit
-// must be visible.
-func (w *Workload) FinalReads(within time.Duration) error {
-	rec, endpoints, names, id := w.Recorder, w.Endpoints, w.Names, w.Clients+w.Readers
+// Finish anchors the end of the history once the cluster has healed, as
+// one more client (id Clients+Readers) talking to any node that answers
+// (dialed directly, not through Dial). For each key it reads the committed
+// document: every acknowledged commit must be visible. Then it acquires the
+// key and reads it with the new lease. The clients left their last leases
+// to run out (and abandoned their queued acquires), so every key must be
+// granted within a TTL and a wait: a lease that outlives its TTL (an expiry
+// nobody sweeps) fails here. The grants and reads go into the history, so
+// the model checks what those expiries did: a token above every earlier
+// one, and the committed version and document untouched by the
+// transactions they rolled back.
+func (w *Workload) Finish(within time.Duration) error {
 	tr := &http.Transport{DialContext: (&net.Dialer{Timeout: time.Second}).DialContext, TLSClientConfig: w.TLS}
 	defer tr.CloseIdleConnections()
+	var cs []*client.Client
+	for _, ep := range w.Endpoints {
+		c, err := client.New(ep, client.WithRetry(0), client.WithHTTPClient(&http.Client{Transport: tr}))
+		if err != nil {
+			return err
+		}
+		cs = append(cs, c)
+	}
 	deadline := time.Now().Add(within)
 	for _, key := range w.Keys {
-		for n := 0; ; n++ {
-			if time.Now().After(deadline) {
-				return fmt.Errorf("no node answered a public read of %s within %s", key, within)
-			}
-			i := n % len(endpoints)
-			c, err := client.New(endpoints[i], client.WithRetry(0), client.WithHTTPClient(&http.Client{Transport: tr}))
-			if err != nil {
-				return err
-			}
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-			in := Input{Kind: KindPublicGet, Key: key, Call: rec.Now()}
-			d, err := c.GetPublic(ctx, "", key)
-			in.Return = rec.Now()
-			cancel()
-			if err != nil {
-				time.Sleep(50 * time.Millisecond)
-				continue
-			}
-			out := docOutput(d)
-			out.Status = StatusOK
-			op := Op{Client: id, Input: in, Output: out, Attempts: 1}
-			if i < len(names) {
-				op.Node = names[i]
-			}
-			rec.Add(op)
-			break
+		if err := w.finalRead(cs, key, deadline); err != nil {
+			return fmt.Errorf("%s: no node answered a public read within %s: %w", key, within, err)
+		}
+		if err := w.finalAcquire(cs, key, deadline); err != nil {
+			return fmt.Errorf("%s: nothing granted within %s after the clients stopped, whose leases last %s: %w", key, within, w.TTL, err)
 		}
 	}
 	return nil
+}
+
+// finalOp records an operation of the client of Finish, which talked to
+// node i.
+func (w *Workload) finalOp(i int, in Input, a attempt, out Output, attempts int) {
+	out.Status, out.Code = a.status, a.code
+	op := Op{Client: w.Clients + w.Readers, Input: in, Output: out, Attempts: attempts}
+	if i < len(w.Names) {
+		op.Node = w.Names[i]
+	}
+	if a.err != nil {
+		op.Err = a.err.Error()
+	}
+	w.Recorder.Add(op)
+}
+
+// finalRead reads key's committed document through the first node of cs
+// that answers before deadline.
+func (w *Workload) finalRead(cs []*client.Client, key string, deadline time.Time) error {
+	rec := w.Recorder
+	for n := 0; ; n++ {
+		i := n % len(cs)
+		ctx, cancel := context.WithTimeout(context.Background(), w.Timeout)
+		in := Input{Kind: KindPublicGet, Key: key, Call: rec.Now()}
+		d, err := cs[i].GetPublic(ctx, "", key)
+		in.Return = rec.Now()
+		cancel()
+		if err == nil {
+			w.finalOp(i, in, attempt{status: StatusOK}, docOutput(d), 1)
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// finalAcquire acquires key, waiting for it, through the nodes of cs in
+// turn until one grants it (one operation, one idempotency key), and reads
+// it with the lease.
+func (w *Workload) finalAcquire(cs []*client.Client, key string, deadline time.Time) error {
+	rec := w.Recorder
+	block := w.TTL + w.Block + time.Second
+	in := Input{Kind: KindAcquire, Key: key, TTL: int64(w.TTL), Call: rec.Now()}
+	var as []attempt
+	var l *client.Lease
+	var err error
+	i := 0
+	for n := 0; ; n++ {
+		i = n % len(cs)
+		ctx, cancel := context.WithTimeout(context.Background(), block+w.Timeout)
+		l, err = cs[i].AcquireWithKey(ctx, wire.AcquireRequest{Key: key, Owner: "final", TTLSeconds: int64(w.TTL / time.Second),
+			BlockSecs: int64(block / time.Second)}, fmt.Sprintf("lin-%d-final-%s", w.Seed, key))
+		cancel()
+		as = append(as, classify(KindAcquire, err))
+		if err == nil || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	in.Return = rec.Now()
+	var out Output
+	if err == nil {
+		out.Lease, out.Token, out.Version = rec.LeaseName(l.LeaseID), l.FencingToken, l.Version
+	}
+	w.finalOp(i, in, combine(as), out, len(as))
+	if err != nil {
+		return err
+	}
+	get := Input{Kind: KindLeaseGet, Key: key, Lease: out.Lease, LeaseMinExp: in.Call + in.TTL - Slack,
+		LeaseMaxExp: in.Return + in.TTL + Slack}
+	for n := i; ; n++ {
+		j := n % len(cs)
+		ctx, cancel := context.WithTimeout(context.Background(), w.Timeout)
+		get.Call = rec.Now()
+		d, err := cs[j].Get(ctx, l.Ref())
+		get.Return = rec.Now()
+		cancel()
+		a := classify(KindLeaseGet, err)
+		var out Output
+		if err == nil {
+			out = docOutput(d)
+		}
+		w.finalOp(j, get, a, out, 1)
+		if a.status != StatusUnknown && !notReached(a.code) {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("reading it with the new lease: %w", err)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
