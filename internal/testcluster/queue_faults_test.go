@@ -603,14 +603,14 @@ func qfCheck(h *qfHistory) []string {
 
 	// Per message: deliveries in fencing order, one ack at most, leases
 	// that do not overlap, and counts that follow what the consumers did.
-	done := map[string]bool{} // message ids acked or dead-lettered
+	// Message ids acked, or delivered from the dead-letter queue: a nack
+	// answering that it moved the message there is not enough, the drain
+	// must find it there.
+	done := map[string]bool{}
 	for _, ds := range byMsg {
 		sort.Slice(ds, func(i, j int) bool { return ds[i].token < ds[j].token })
 		for i, d := range ds {
 			if d.result == "ok" && d.action == "ack" || d.result == "maybe" && d.action == "ack" || d.queue == qfDLQ {
-				done[d.msgID] = true
-			}
-			if d.deadLetter != "" {
 				done[d.msgID] = true
 			}
 			if i == 0 {
@@ -720,8 +720,8 @@ func qfCheck(h *qfHistory) []string {
 			for _, d := range byMsg[qfQueue+"/"+e.ids[0]] {
 				ds = append(ds, fmt.Sprintf("%s token %d %s %s", d.consumer, d.token, d.action, d.result))
 			}
-			bad("%s (message %s, key %q) was neither acked nor dead-lettered; deliveries: %v", e.payload, e.ids[0],
-				e.key, ds)
+			bad("%s (message %s, key %q) was neither acked nor delivered from %s; deliveries: %v", e.payload, e.ids[0],
+				e.key, qfDLQ, ds)
 		}
 	}
 	return problems
