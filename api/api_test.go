@@ -235,6 +235,8 @@ func TestAcquireRejectsBadInput(t *testing.T) {
 		{"invalid UTF-8 owner", "{\"key\":\"a\",\"owner\":\"o\xff\"}", "", nil, 400, "invalid_body"},
 		{"lone surrogate key", `{"key":"a\ud800","owner":"o"}`, "", nil, 400, "invalid_body"},
 		{"lone low surrogate owner", `{"key":"a","owner":"o\udfff"}`, "", nil, 400, "invalid_body"},
+		{"long owner", `{"key":"a","owner":"` + strings.Repeat("o", 257) + `"}`, "", nil, 400, "invalid_body"},
+		{"control char owner", `{"key":"a","owner":"o\u0007"}`, "", nil, 400, "invalid_body"},
 		{"long key", `{"key":"` + strings.Repeat("k", 600) + `","owner":"o"}`, "", nil, 400, "invalid_key"},
 		{"message-shaped key", `{"key":"q/jobs/msg/m1","owner":"o"}`, "", nil, 400, "invalid_key"},
 		{"state-sidecar-shaped key", `{"key":"q/jobs/state/m1","owner":"o"}`, "", nil, 400, "invalid_key"},
@@ -255,6 +257,10 @@ func TestAcquireRejectsBadInput(t *testing.T) {
 		}
 		return nil
 	})
+	// The longest owner the limit allows is taken.
+	if l := e.acquire(wire.AcquireRequest{Key: "long-owner", Owner: strings.Repeat("o", 256)}, nil); len(l.Owner) != 256 {
+		t.Fatalf("owner of %d bytes", len(l.Owner))
+	}
 	// ASCII capitals are lower-cased, as lockd clients expect.
 	if l := e.acquire(wire.AcquireRequest{Namespace: "Mixed-CASE", Key: "a"}, nil); l.Namespace != "mixed-case" {
 		t.Fatalf("namespace %q", l.Namespace)
