@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/raftlockd/raftlockd/internal/testutil"
 )
@@ -31,16 +32,11 @@ func TestMain(m *testing.M) {
 func TestGroupsRefuseUnknownSubcommands(t *testing.T) {
 	t.Parallel()
 	var groups [][]string
-	var walk func(c *cobra.Command, path []string)
-	walk = func(c *cobra.Command, path []string) {
+	walkCommands(func(c *cobra.Command, path []string) {
 		if c.HasSubCommands() {
 			groups = append(groups, path)
 		}
-		for _, sub := range c.Commands() {
-			walk(sub, append(slices.Clone(path), sub.Name()))
-		}
-	}
-	walk(newRoot(), nil)
+	})
 	for _, want := range []string{"", "client", "client queue", "tc rm", "auth new", "completion"} {
 		if !slices.ContainsFunc(groups, func(g []string) bool { return strings.Join(g, " ") == want }) {
 			t.Fatalf("the walk found the groups %q, not %q", groups, want)
@@ -69,14 +65,7 @@ func TestGroupsRefuseUnknownSubcommands(t *testing.T) {
 func TestHelpShowsOneDefaultPerFlag(t *testing.T) {
 	t.Parallel()
 	var paths [][]string
-	var walk func(c *cobra.Command, path []string)
-	walk = func(c *cobra.Command, path []string) {
-		paths = append(paths, path)
-		for _, sub := range c.Commands() {
-			walk(sub, append(slices.Clone(path), sub.Name()))
-		}
-	}
-	walk(newRoot(), nil)
+	walkCommands(func(_ *cobra.Command, path []string) { paths = append(paths, path) })
 	for _, p := range paths {
 		help := mustCLI(t, nil, "", append(slices.Clone(p), "--help")...)
 		for _, line := range strings.Split(help, "\n") {
@@ -84,6 +73,53 @@ func TestHelpShowsOneDefaultPerFlag(t *testing.T) {
 				t.Errorf("raftlockd %s --help names a default twice: %s", strings.Join(p, " "), strings.TrimSpace(line))
 			}
 		}
+	}
+}
+
+// walkCommands calls fn with every command of the tree and its path below
+// the root (nil for the root itself).
+func walkCommands(fn func(c *cobra.Command, path []string)) {
+	var walk func(c *cobra.Command, path []string)
+	walk = func(c *cobra.Command, path []string) {
+		fn(c, path)
+		for _, sub := range c.Commands() {
+			walk(sub, append(slices.Clone(path), sub.Name()))
+		}
+	}
+	walk(newRoot(), nil)
+}
+
+// Every flag is also an environment variable, named in its help, except
+// those of the commands that only work on files (auth new, extend and
+// inspect), which read none, as the README says.
+func TestEveryFlagNamesItsVariable(t *testing.T) {
+	t.Parallel()
+	offline := func(path string) bool {
+		return strings.HasPrefix(path, "auth new") || path == "auth extend" || path == "auth inspect"
+	}
+	checked := 0
+	walkCommands(func(c *cobra.Command, p []string) {
+		path := strings.Join(p, " ")
+		if !c.Runnable() || c.HasSubCommands() || path == "help" || path == "version" || strings.HasPrefix(path, "completion") {
+			return
+		}
+		check := func(f *pflag.Flag) {
+			if f.Name == "help" {
+				return
+			}
+			checked++
+			switch named := strings.Contains(f.Usage, "(env RAFTLOCKD_"); {
+			case offline(path) && named:
+				t.Errorf("raftlockd %s --%s names a variable: %s", path, f.Name, f.Usage)
+			case !offline(path) && !named:
+				t.Errorf("raftlockd %s --%s names no variable: %s", path, f.Name, f.Usage)
+			}
+		}
+		c.LocalFlags().VisitAll(check)
+		c.InheritedFlags().VisitAll(check)
+	})
+	if checked < 100 {
+		t.Fatalf("only %d flags checked", checked)
 	}
 }
 
