@@ -280,7 +280,7 @@ const maxPrefetch = 100
 // dequeueRequest is a decoded dequeue or subscribe request.
 type dequeueRequest struct {
 	params       rm.DequeueParams
-	wait         int64 // wait_seconds as sent: -1 no wait, 0 the server's maximum
+	wait         int64 // wait_seconds as sent, a larger one capped at the server's maximum: -1 no wait, 0 that maximum
 	includeState bool  // add a "state" part: the sidecar's committed document
 	stream       bool  // one of many deliveries of a subscription
 	prefetch     int   // a subscription's deliveries not yet ended, at most (page_size, 1 to maxPrefetch)
@@ -304,14 +304,17 @@ func (h *handler) decodeDequeue(w http.ResponseWriter, r *http.Request, withStat
 		TxnID:          firstNonEmpty(req.TxnID, r.Header.Get(wire.HeaderTxnID)),
 		WithState:      withState,
 	}}
+	maxWait := int64((h.Queues.Limits().MaxWait + time.Second - 1) / time.Second)
 	switch {
 	case req.WaitSeconds < wire.BlockNoWait:
 		return d, errcode.InvalidParams.With("wait_seconds must be -1 (no wait), 0 (the server's maximum) or positive")
 	case req.WaitSeconds == 0:
-		maxWait := h.Queues.Limits().MaxWait
-		d.params.WaitSeconds = int64((maxWait + time.Second - 1) / time.Second)
+		d.params.WaitSeconds = maxWait
 	case req.WaitSeconds > 0:
+		// The server waits no longer than its maximum, and the retry
+		// hint of a wait that ends empty says so.
 		d.params.WaitSeconds = req.WaitSeconds
+		d.wait = min(req.WaitSeconds, maxWait)
 	}
 	return d, nil
 }

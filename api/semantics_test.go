@@ -525,3 +525,21 @@ func TestAnEmptyQuotedStateETagIsACondition(t *testing.T) {
 		t.Fatalf("committed: %d %s", p.status, p.body)
 	}
 }
+
+// wait_seconds 0 waits up to the server's --acquire-block and a larger value
+// is capped there; the 409 that ends the wait hints at the wait the server
+// did, not at the longer one asked for.
+func TestWaitSecondsAgainstTheServerLimit(t *testing.T) {
+	e := newEnvWith(t, func(c *config.Server) { c.AcquireBlock = time.Second })
+	for wait, hint := range map[int64]float64{0: 1, 30: 1} {
+		start := time.Now()
+		r := e.dequeueRaw(fmt.Sprintf(`{"queue":"empty","owner":"w","wait_seconds":%d}`, wait))
+		env := wantErr(t, r, http.StatusConflict, "waiting")
+		if took := time.Since(start); took < 900*time.Millisecond || took > 15*time.Second {
+			t.Fatalf("wait_seconds %d: answered after %s, want the server's 1s", wait, took)
+		}
+		if env["retry_after_seconds"] != hint || r.header.Get("Retry-After") != fmt.Sprint(hint) {
+			t.Fatalf("wait_seconds %d: retry hint %v (Retry-After %q), want %v", wait, env, r.header.Get("Retry-After"), hint)
+		}
+	}
+}
