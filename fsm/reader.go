@@ -65,6 +65,11 @@ func (r reader) rules() int {
 	return formatV1
 }
 
+// ChecksEmptyETag reports whether the island's rules (format 10 on) check
+// a write's condition naming the empty ETag (WriteCmd.IfETagSet with
+// IfETag ""): under older rules such a condition is not checked.
+func (r reader) ChecksEmptyETag() bool { return r.rules() >= formatV10 }
+
 // decideAddsIslands reports whether the island's rules (format 7 on) have
 // a decide on a decided transaction add the other islands it names.
 func (r reader) decideAddsIslands() bool { return r.rules() >= formatV7 }

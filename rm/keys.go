@@ -490,6 +490,20 @@ func (k *Keys) write(ctx context.Context, ref LeaseRef, cond Conditions, w *fsm.
 	if etag := strings.TrimSpace(cond.IfETag); etag != "" {
 		w.IfETag, w.IfETagSet = strings.Trim(etag, `"`), true
 	}
+	if w.IfETagSet && w.IfETag == "" {
+		// Rules only rise, and a server's state is a prefix of the
+		// leader's: rules this server follows hold where the write applies.
+		checks := false
+		if err := k.store.ReadStale(ctx, func(v *fsm.View) error { checks = v.ChecksEmptyETag(); return nil }); err != nil {
+			return nil, err
+		}
+		if !checks {
+			e := errcode.Unavailable.With("the island does not check an empty X-If-State-ETag until every server " +
+				"follows its newest rules (a cluster founded within the last seconds, or one being upgraded); retry")
+			e.RetryAfter = 1
+			return nil, e
+		}
+	}
 	res, err := k.store.Propose(ctx, &fsm.Command{Op: fsm.OpWrite, Write: w})
 	if err != nil {
 		return nil, err

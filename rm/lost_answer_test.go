@@ -44,13 +44,31 @@ type storeClock struct{ s *fsmStore }
 
 func (c storeClock) Now() time.Time { return time.UnixMilli(c.s.now) }
 
+// keysHolding is a key service over a store of its own in which owner "a"
+// holds key "k".
+func keysHolding(t *testing.T) (*fsmStore, *Keys, *fsm.LeaseInfo) {
+	t.Helper()
+	st := newFSMStore(t)
+	k := storeKeys(st, st)
+	l, err := k.Acquire(context.Background(), AcquireParams{Key: "k", Owner: "a", BlockSecs: -1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st, k, l
+}
+
+// storeKeys is a key service of server n1 over st, whose clock is base's.
+func storeKeys(st Store, base *fsmStore) *Keys {
+	return NewKeys(st, NewWaits(), storeClock{base}, Limits{DefaultTTL: 30 * time.Second, MaxTTL: time.Hour,
+		MaxBlock: time.Minute, MaxStateBytes: 1 << 20}, Server{ID: "n1"})
+}
+
 // A blocked acquire whose proposal fails after it was applied leaves the
 // key's queue: the next release does not hand the key to nobody.
 func TestFailedBlockedAcquireLeavesTheQueue(t *testing.T) {
 	base := newFSMStore(t)
 	st := &lostAnswerStore{fsmStore: base}
-	k := NewKeys(st, NewWaits(), storeClock{base}, Limits{DefaultTTL: 30 * time.Second, MaxTTL: time.Hour,
-		MaxBlock: time.Minute, MaxStateBytes: 1 << 20}, Server{ID: "n1"})
+	k := storeKeys(st, base)
 	ctx := context.Background()
 	a, err := k.Acquire(ctx, AcquireParams{Key: "k", Owner: "a", BlockSecs: -1})
 	if err != nil {
@@ -116,8 +134,7 @@ func TestWaitingRequestsWithoutALeaderWithdrawNothing(t *testing.T) {
 	base := newFSMStore(t)
 	st := &lostAnswerStore{fsmStore: base, noLeader: true}
 	ctx := context.Background()
-	k := NewKeys(st, NewWaits(), storeClock{base}, Limits{DefaultTTL: 30 * time.Second, MaxTTL: time.Hour,
-		MaxBlock: time.Minute, MaxStateBytes: 1 << 20}, Server{ID: "n1"})
+	k := storeKeys(st, base)
 	if _, err := k.Acquire(ctx, AcquireParams{Key: "k", Owner: "a", BlockSecs: 30}); !errors.Is(err, errcode.NoLeader) {
 		t.Fatalf("acquire without a leader: %v", err)
 	}
@@ -148,8 +165,7 @@ func TestRollbackBeforeItsPrepareIsKept(t *testing.T) {
 	if err != nil || info.State != fsm.TxnRollback {
 		t.Fatalf("late prepare: %+v %v, want the rollback", info, err)
 	}
-	k := NewKeys(s, NewWaits(), storeClock{s}, Limits{DefaultTTL: 30 * time.Second, MaxTTL: time.Hour, MaxBlock: time.Minute,
-		MaxStateBytes: 1 << 20}, Server{ID: "n1"})
+	k := storeKeys(s, s)
 	if _, err := k.Acquire(ctx, AcquireParams{Key: "k", Owner: "x", BlockSecs: -1}); err != nil {
 		t.Fatalf("the key is locked by the late prepare: %v", err)
 	}

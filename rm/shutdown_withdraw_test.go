@@ -15,12 +15,7 @@ import (
 // client left and shows nothing of the shutdown, which would otherwise
 // wait for the retries (and the server's close with it).
 func TestAWithdrawalRetriedAfterTheClientLeftStopsAtShutdown(t *testing.T) {
-	base := newFSMStore(t)
-	k := NewKeys(base, NewWaits(), storeClock{base}, Limits{DefaultTTL: 30 * time.Second, MaxTTL: time.Hour,
-		MaxBlock: time.Minute, MaxStateBytes: 1 << 20}, Server{ID: "n1"})
-	if _, err := k.Acquire(context.Background(), AcquireParams{Key: "k", Owner: "a", BlockSecs: -1}); err != nil {
-		t.Fatal(err)
-	}
+	base, k, _ := keysHolding(t)
 	life, shutDown := context.WithCancelCause(context.Background())
 	defer shutDown(nil)
 	ctx, leave := context.WithCancel(WithServerLife(life, life))

@@ -58,8 +58,7 @@ func (s *slowLeaderStore) heal() {
 func TestAWithdrawalIsTriedUntilTheReplicatedWaitEnds(t *testing.T) {
 	base := newFSMStore(t)
 	st := &slowLeaderStore{fsmStore: base, slow: "b", delay: 3 * time.Second}
-	k := NewKeys(st, NewWaits(), storeClock{base}, Limits{DefaultTTL: 30 * time.Second, MaxTTL: time.Hour,
-		MaxBlock: time.Minute, MaxStateBytes: 1 << 20}, Server{ID: "n1"})
+	k := storeKeys(st, base)
 	ctx := context.Background()
 	a, err := k.Acquire(ctx, AcquireParams{Key: "k", Owner: "a", BlockSecs: -1})
 	if err != nil {
