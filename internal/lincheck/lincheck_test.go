@@ -162,6 +162,10 @@ func runSchedule(t *testing.T, s schedule) stats {
 	t.Logf("seed %d: %d nodes, %d clients, keys %v, faults for %s (rerun: %s=%d)", s.seed, s.nodes, s.clients, s.keys,
 		s.duration, envSeed, s.seed)
 	c := testcluster.Start(t, s.nodes)
+	// The model is of this build's rules, which a new island follows only
+	// about a second after it starts, once gossip shows that every node
+	// applies them (before, an X-If-State-ETag of "" is no condition).
+	c.WaitRules(20 * time.Second)
 	var endpoints, names []string
 	for i, n := range c.Nodes {
 		endpoints, names = append(endpoints, c.URL(i)), append(names, n.Name)

@@ -276,6 +276,22 @@ func (c *Cluster) WaitLeader(timeout time.Duration) int {
 	return l
 }
 
+// WaitRules waits until every running node's state machine follows this
+// build's entry format rules (fsm.EntryFormat). A new island follows the
+// oldest rules until gossip shows that every server applies this build's
+// format and the leader's sweeper raises them.
+func (c *Cluster) WaitRules(timeout time.Duration) {
+	c.t.Helper()
+	testutil.WaitFor(c.t, timeout, "every node to follow this build's rules", func() bool {
+		for _, i := range c.Running() {
+			if c.Nodes[i].Server.Node().FSM().Rules() < fsm.EntryFormat {
+				return false
+			}
+		}
+		return true
+	})
+}
+
 // URL is node i's API endpoint.
 func (c *Cluster) URL(i int) string { return c.Nodes[i].Server.URL() }
 
