@@ -114,15 +114,21 @@ type grant struct {
 }
 
 // grants lists the successful acquires of each key with the earliest moment
-// each lease may have stopped holding: its expiry window's start, or the
-// call of its release (ok or ambiguous), whichever comes first.
+// each lease may have stopped holding: the start of its expiry window after
+// the last keepalive answered ok (a lease's TTL never shrinks, so every
+// keepalive that takes effect moves its expiry later), or the call of its
+// release (ok or ambiguous), whichever comes first.
 func grants(ops []Op) map[string][]grant {
 	released := map[string]int64{}
+	kept := map[string]int64{}
 	for _, op := range ops {
-		if op.Input.Kind == KindRelease && op.Output.Status != StatusFail {
+		switch {
+		case op.Input.Kind == KindRelease && op.Output.Status != StatusFail:
 			if t, ok := released[op.Input.Lease]; !ok || op.Input.Call < t {
 				released[op.Input.Lease] = op.Input.Call
 			}
+		case op.Input.Kind == KindKeepAlive && op.Output.Status == StatusOK:
+			kept[op.Input.Lease] = max(kept[op.Input.Lease], op.Input.Call+op.Input.TTL-Slack)
 		}
 	}
 	out := map[string][]grant{}
@@ -130,7 +136,7 @@ func grants(ops []Op) map[string][]grant {
 		if op.Input.Kind != KindAcquire || op.Output.Status != StatusOK {
 			continue
 		}
-		end := op.Input.Call + op.Input.TTL - Slack
+		end := max(op.Input.Call+op.Input.TTL-Slack, kept[op.Output.Lease])
 		if t, ok := released[op.Output.Lease]; ok && t < end {
 			end = t
 		}

@@ -226,6 +226,8 @@ func unexpected(kind Kind, a attempt) bool {
 		return kind != KindAcquire
 	case "lease_required", "lease_expired", "lease_mismatch", "txn_rolled_back":
 		return kind == KindAcquire || kind == KindPublicGet
+	case "version_conflict", "etag_mismatch":
+		return kind != KindUpdate && kind != KindRemove
 	}
 	return true
 }

@@ -173,7 +173,7 @@ func runSchedule(t *testing.T, s schedule) stats {
 	rec := NewRecorder()
 	r := rand.New(rand.NewSource(s.seed))
 	w := &Workload{Endpoints: endpoints, Names: names, Clients: s.clients, Readers: s.nodes, Keys: s.keys, TTL: 3 * time.Second,
-		Block: time.Second, Seed: r.Int63(), Recorder: rec, Expire: 0.03, Dial: c.Fabric.Dialer("clients"),
+		Block: time.Second, Seed: r.Int63(), Recorder: rec, Expire: 0.03, Keep: 0.05, Dial: c.Fabric.Dialer("clients"),
 		TLS: auth.ClientConfig(testutil.ClientBundleOf(t, c.CA()))}
 	stop := make(chan struct{})
 	wait := w.Start(stop)

@@ -58,6 +58,37 @@ func (h *hist) release(client int, lease string, rollback bool, out Output, call
 	h.add(client, Input{Kind: KindRelease, Key: "k", Lease: lease, Rollback: rollback}, out, call, ret)
 }
 
+// keepalive extends lease by ttl.
+func (h *hist) keepalive(client int, lease string, out Output, call, ret int64) {
+	h.add(client, Input{Kind: KindKeepAlive, Key: "k", Lease: lease, TTL: ttl}, out, call, ret)
+}
+
+// write is an update (value set) or removal (value "") by lease, under
+// conditions: version >= 0 asks for that version, etag != "-" for that
+// ETag ("" for no document).
+func (h *hist) write(client int, lease, value string, version int64, etag string, out Output, call, ret int64) {
+	in := Input{Kind: KindUpdate, Key: "k", Lease: lease, Value: value}
+	if value == "" {
+		in.Kind = KindRemove
+	}
+	if version >= 0 {
+		in.HasIfVersion, in.IfVersion = true, version
+	}
+	if etag != "-" {
+		in.HasIfETag, in.IfETag = true, etag
+	}
+	h.add(client, in, out, call, ret)
+}
+
+// conflict is a refusal by a condition, naming the holder's view.
+func conflict(code string, version int64, doc string) Output {
+	return Output{Status: StatusFail, Code: code, CurrentVersion: version, CurrentETag: ETag(doc)}
+}
+
+func removed(was bool, version int64) Output {
+	return Output{Status: StatusOK, Removed: was, Version: version}
+}
+
 // staged is the start of several broken histories: client 0 acquires L1
 // (token 1) by 10ms and stages "x" (version 1) by 30ms.
 func (h *hist) staged() {
@@ -119,6 +150,28 @@ func validHistory() *hist {
 	h.get(2, "L5", docOut("d", 2), 4060, 4070) // the ambiguous write has not (yet) happened
 	h.release(2, "L5", true, ok, 4080, 4090)
 	h.get(1, "", docOut("d", 2), 4100, 4110)
+	// Conditional writes compare with the holder's view, staged write
+	// included; a keepalive carries the lease past its first expiry.
+	h.acquire(0, "L6", 7, 2, 4200, 4210)
+	h.write(0, "L6", "f", 2, ETag("d"), Output{Status: StatusOK, Version: 3}, 4220, 4230)
+	h.write(0, "L6", "g", 2, "-", conflict("version_conflict", 3, "f"), 4240, 4250)
+	h.write(0, "L6", "g", 3, ETag("d"), conflict("etag_mismatch", 3, "f"), 4260, 4270)
+	h.keepalive(0, "L6", ok, 6000, 6010)
+	h.write(0, "L6", "", -1, ETag("f"), removed(true, 3), 7500, 7510) // L6 alive past 7260
+	h.write(0, "L6", "", -1, "-", removed(false, 3), 7520, 7530)
+	h.get(0, "L6", Output{Status: StatusOK, Version: 3}, 7540, 7550)
+	h.get(1, "", docOut("d", 2), 7560, 7570)
+	h.acquire(1, "L7", 8, 2, 7600, 9100) // L6 expired, its removal rolled back
+	h.keepalive(0, "L6", fail("lease_expired"), 9200, 9210)
+	h.write(1, "L7", "", 2, "-", removed(true, 3), 9220, 9230)
+	h.release(1, "L7", false, ok, 9240, 9250)
+	h.get(2, "", Output{Status: StatusOK, Version: 3}, 9260, 9270)
+	h.acquire(2, "L8", 9, 3, 9300, 9310)
+	h.write(2, "L8", "h", 3, "", Output{Status: StatusOK, Version: 4}, 9320, 9330) // "": no document
+	h.keepalive(2, "L8", unknown, 11000, 12000)
+	h.get(2, "L8", docOut("h", 4), 13000, 13010) // the ambiguous keepalive took effect
+	h.release(2, "L8", false, ok, 13020, 13030)
+	h.get(1, "", docOut("h", 4), 13040, 13050)
 	return h
 }
 
@@ -193,6 +246,62 @@ func TestModelRejectsBrokenHistories(t *testing.T) {
 		"fencing mismatch for the holder's own token": {func(h *hist) {
 			h.acquire(0, "L1", 1, 0, 0, 10)
 			h.update(0, "L1", "x", fail("fencing_mismatch"), 20, 30)
+		}, ""},
+		"key granted before the expiry a keepalive set": {func(h *hist) {
+			h.acquire(0, "L1", 1, 0, 0, 10)
+			h.keepalive(0, "L1", ok, 2000, 2010)
+			h.acquire(1, "L2", 2, 0, 3200, 3300)
+		}, "while L1"},
+		"kept-alive lease reported expired": {func(h *hist) {
+			h.acquire(0, "L1", 1, 0, 0, 10)
+			h.keepalive(0, "L1", ok, 2000, 2010)
+			h.update(0, "L1", "x", fail("lease_expired"), 3500, 3510)
+		}, ""},
+		"keepalive acknowledged after the expiry": {func(h *hist) {
+			h.acquire(0, "L1", 1, 0, 0, 10)
+			h.keepalive(0, "L1", ok, 3200, 3210)
+		}, ""},
+		"ambiguous keepalive after the expiry revives the lease": {func(h *hist) {
+			h.acquire(0, "L1", 1, 0, 0, 10)
+			h.keepalive(0, "L1", unknown, 3200, 3300)
+			h.update(0, "L1", "x", Output{Status: StatusOK, Version: 1}, 3400, 3410)
+		}, ""},
+		"write against another version accepted": {func(h *hist) {
+			h.acquire(0, "L1", 1, 0, 0, 10)
+			h.write(0, "L1", "x", 5, "-", Output{Status: StatusOK, Version: 1}, 20, 30)
+		}, ""},
+		"write against another ETag accepted": {func(h *hist) {
+			h.staged()
+			h.write(0, "L1", "y", -1, ETag("z"), Output{Status: StatusOK, Version: 1}, 40, 50)
+		}, ""},
+		"write whose condition held refused": {func(h *hist) {
+			h.acquire(0, "L1", 1, 0, 0, 10)
+			h.write(0, "L1", "x", 0, "", conflict("version_conflict", 0, ""), 20, 30)
+		}, ""},
+		"condition compared with the committed state, not the staged one": {func(h *hist) {
+			h.staged()
+			h.write(0, "L1", "y", 0, "-", Output{Status: StatusOK, Version: 1}, 40, 50)
+		}, ""},
+		"refusal naming a view the holder does not have": {func(h *hist) {
+			h.staged()
+			h.write(0, "L1", "y", 0, "-", conflict("version_conflict", 0, ""), 40, 50)
+		}, ""},
+		"removal not staged": {func(h *hist) {
+			h.staged()
+			h.write(0, "L1", "", -1, "-", removed(true, 1), 40, 50)
+			h.get(0, "L1", docOut("x", 1), 60, 70)
+		}, ""},
+		"committed removal still visible": {func(h *hist) {
+			h.staged()
+			h.release(0, "L1", false, ok, 40, 50)
+			h.acquire(1, "L2", 2, 1, 60, 70)
+			h.write(1, "L2", "", -1, "-", removed(true, 2), 80, 90)
+			h.release(1, "L2", false, ok, 100, 110)
+			h.get(0, "", docOut("x", 1), 120, 130)
+		}, ""},
+		"removal of no document reported done": {func(h *hist) {
+			h.acquire(0, "L1", 1, 0, 0, 10)
+			h.write(0, "L1", "", -1, "-", removed(true, 1), 20, 30)
 		}, ""},
 	}
 	for name, c := range cases {

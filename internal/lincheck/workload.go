@@ -3,6 +3,7 @@ package lincheck
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"math/rand"
 	"net"
@@ -15,7 +16,8 @@ import (
 )
 
 // Workload runs concurrent clients, each talking to one node, that acquire,
-// write, read and release a few keys at random and record every operation.
+// keep alive, write (now and then conditionally), remove, read and release
+// a few keys at random and record every operation.
 type Workload struct {
 	Endpoints []string // API base URL of each node
 	Names     []string // node names, for the history's metadata (optional)
@@ -36,6 +38,10 @@ type Workload struct {
 	// Expire is the chance that a lease holder sleeps past its TTL before
 	// its next operation, which must then fail.
 	Expire float64
+	// Keep is the chance that an acquire asks for a one-second lease whose
+	// holder keeps it alive and then sleeps past the expiry its keepalive
+	// replaced: its next operations must still succeed.
+	Keep float64
 	// Timeout bounds one HTTP exchange (an acquire gets Block on top).
 	Timeout time.Duration
 	// Dial connects the clients to the nodes (default: TCP with a one
@@ -107,6 +113,15 @@ type worker struct {
 	lease          *client.Lease
 	name           string
 	minExp, maxExp int64
+	// ttl is the lease's TTL, the longest it may be after an ambiguous
+	// keepalive that named a longer one (ttlSure is false then, and
+	// keepalives name their TTL, so that it never shrinks).
+	ttl     time.Duration
+	ttlSure bool
+	// ver and etag are the holder's view as this client last saw it, what
+	// its conditions ask for.
+	ver  int64
+	etag string
 }
 
 func (k *worker) stopped() bool {
@@ -160,13 +175,17 @@ func (k *worker) run() {
 			}
 		}
 		switch p := k.r.Float64(); {
-		case p < 0.35:
+		case p < 0.30:
 			k.update()
-		case p < 0.55:
+		case p < 0.36:
+			k.remove()
+		case p < 0.45:
+			k.keepAlive()
+		case p < 0.60:
 			k.leaseGet()
-		case p < 0.65:
+		case p < 0.68:
 			k.publicGet(k.key())
-		case p < 0.85:
+		case p < 0.88:
 			k.release(false)
 		default:
 			k.release(true)
@@ -224,7 +243,11 @@ func (k *worker) acquire(key string) {
 	k.seq++
 	idem := fmt.Sprintf("lin-%d-c%d-%d", k.w.Seed, k.id, k.seq)
 	rec := k.w.Recorder
-	in := Input{Kind: KindAcquire, Key: key, TTL: int64(k.w.TTL), Call: rec.Now()}
+	ttl, keep := k.w.TTL, k.r.Float64() < k.w.Keep
+	if keep {
+		ttl = time.Second
+	}
+	in := Input{Kind: KindAcquire, Key: key, TTL: int64(ttl), Call: rec.Now()}
 	var l *client.Lease
 	block := int64(k.w.Block / time.Second)
 	if k.r.Float64() < 0.4 {
@@ -235,7 +258,7 @@ func (k *worker) acquire(key string) {
 		defer cancel()
 		var err error
 		l, err = k.c.AcquireWithKey(ctx, wire.AcquireRequest{Key: key, Owner: fmt.Sprintf("c%d", k.id),
-			TTLSeconds: int64(k.w.TTL / time.Second), BlockSecs: block}, idem)
+			TTLSeconds: int64(ttl / time.Second), BlockSecs: block}, idem)
 		return err
 	})
 	in.Return = rec.Now()
@@ -244,8 +267,63 @@ func (k *worker) acquire(key string) {
 		out.Lease, out.Token, out.Version = rec.LeaseName(l.LeaseID), l.FencingToken, l.Version
 		k.lease, k.name = l, out.Lease
 		k.minExp, k.maxExp = in.Call+in.TTL-Slack, in.Return+in.TTL+Slack
+		k.ttl, k.ttlSure = ttl, true
+		k.ver, k.etag = l.Version, l.StateETag
 	}
 	k.record(in, a, out, len(as))
+	if a.status == StatusOK && keep {
+		k.keepAcross()
+	}
+}
+
+// keepAcross naps, keeps the lease alive and sleeps on past the expiry the
+// keepalive replaced, but not up to the one it set.
+func (k *worker) keepAcross() {
+	k.sleep(time.Duration(200+k.r.Intn(250)) * time.Millisecond)
+	if k.stopped() || k.lease == nil {
+		return
+	}
+	old := k.maxExp
+	if !k.keepAlive() {
+		return
+	}
+	from, to := old+int64(20*time.Millisecond), min(k.minExp-int64(100*time.Millisecond), old+int64(250*time.Millisecond))
+	if from < to {
+		k.sleep(time.Duration(from + k.r.Int63n(to-from) - k.w.Recorder.Now()))
+	}
+}
+
+// keepAlive extends the lease by its TTL or, now and then, by a second
+// more (up to the workload's TTL), and reports whether it was answered ok.
+func (k *worker) keepAlive() bool {
+	in := k.leaseInput(KindKeepAlive)
+	ttl, ask := k.ttl, time.Duration(0) // 0: the lease's own TTL
+	if !k.ttlSure || k.r.Float64() < 0.5 {
+		if k.r.Float64() < 0.3 && ttl < k.w.TTL {
+			ttl += time.Second
+		}
+		ask = ttl
+	}
+	in.TTL = int64(ttl)
+	ctx, cancel := k.ctx(0)
+	defer cancel()
+	in.Call = k.w.Recorder.Now()
+	_, err := k.c.KeepAlive(ctx, k.lease.Ref(), ask)
+	in.Return = k.w.Recorder.Now()
+	a := classify(KindKeepAlive, err)
+	switch a.status {
+	case StatusOK:
+		k.minExp, k.maxExp = max(k.minExp, in.Call+in.TTL-Slack), min(in.Return+Slack, k.maxExp)+in.TTL
+		k.ttl, k.ttlSure = ttl, true
+	case StatusUnknown:
+		k.maxExp += in.TTL
+		if ttl > k.ttl {
+			k.ttl, k.ttlSure = ttl, false
+		}
+	}
+	k.record(in, a, Output{}, 1)
+	k.afterLeaseOp(a)
+	return a.status == StatusOK
 }
 
 // afterLeaseOp forgets a lease the server no longer honours.
@@ -255,20 +333,91 @@ func (k *worker) afterLeaseOp(a attempt) {
 	}
 }
 
+// conditions guards an update or removal now and then with the version,
+// the ETag or both of the holder's view as this client last saw it, and
+// now and then with a wrong one.
+func (k *worker) conditions(in *Input) client.Conditions {
+	var cond client.Conditions
+	if k.r.Float64() < 0.6 {
+		return cond
+	}
+	p := k.r.Float64()
+	if p < 0.65 {
+		in.HasIfVersion, in.IfVersion = true, k.ver
+		if k.r.Float64() < 0.2 {
+			in.IfVersion += int64(1 - 2*k.r.Intn(2))
+			if in.IfVersion < 0 {
+				in.IfVersion = 1
+			}
+		}
+		cond.IfVersion = &in.IfVersion
+	}
+	if p >= 0.45 {
+		in.HasIfETag, in.IfETag = true, k.etag
+		if k.r.Float64() < 0.2 {
+			if in.IfETag == "" {
+				in.IfETag = ETag(`{"v":"never"}`)
+			} else {
+				in.IfETag = ""
+			}
+		}
+		// Quotes are optional; "" names the empty ETag of no document.
+		cond.IfETag = in.IfETag
+		if in.IfETag == "" || k.r.Float64() < 0.3 {
+			cond.IfETag = `"` + in.IfETag + `"`
+		}
+	}
+	return cond
+}
+
+// conflict notes the holder's view a refused condition was compared with.
+func (k *worker) conflict(a attempt, out *Output) {
+	var ce *client.Error
+	if a.status == StatusFail && errors.As(a.err, &ce) && (a.code == "version_conflict" || a.code == "etag_mismatch") {
+		out.CurrentVersion, out.CurrentETag = ce.Envelope.CurrentVersion, ce.Envelope.CurrentETag
+		k.ver, k.etag = out.CurrentVersion, out.CurrentETag
+	}
+}
+
 func (k *worker) update() {
 	k.seq++
 	in := k.leaseInput(KindUpdate)
 	in.Value = fmt.Sprintf(`{"v":"c%d-%d"}`, k.id, k.seq)
+	cond := k.conditions(&in)
 	ctx, cancel := k.ctx(0)
 	defer cancel()
 	in.Call = k.w.Recorder.Now()
-	res, err := k.c.Update(ctx, k.lease.Ref(), []byte(in.Value), client.Conditions{})
+	res, err := k.c.Update(ctx, k.lease.Ref(), []byte(in.Value), cond)
 	in.Return = k.w.Recorder.Now()
 	a := classify(KindUpdate, err)
 	var out Output
 	if a.status == StatusOK {
 		out.Version = res.NewVersion
+		k.ver, k.etag = res.NewVersion, res.NewStateETag
 	}
+	k.conflict(a, &out)
+	k.record(in, a, out, 1)
+	k.afterLeaseOp(a)
+}
+
+func (k *worker) remove() {
+	in := k.leaseInput(KindRemove)
+	cond := k.conditions(&in)
+	ctx, cancel := k.ctx(0)
+	defer cancel()
+	in.Call = k.w.Recorder.Now()
+	res, err := k.c.Remove(ctx, k.lease.Ref(), cond)
+	in.Return = k.w.Recorder.Now()
+	a := classify(KindRemove, err)
+	var out Output
+	if a.status == StatusOK {
+		out.Removed, out.Version = res.Removed, res.NewVersion
+		k.ver = res.NewVersion
+		if res.Removed {
+			k.etag = ""
+		}
+	}
+	k.conflict(a, &out)
 	k.record(in, a, out, 1)
 	k.afterLeaseOp(a)
 }
@@ -292,6 +441,7 @@ func (k *worker) leaseGet() {
 	var out Output
 	if a.status == StatusOK {
 		out = docOutput(d)
+		k.ver, k.etag = d.Version, d.ETag
 	}
 	k.record(in, a, out, 1)
 	k.afterLeaseOp(a)
