@@ -203,24 +203,38 @@ func (c *Checker) checkPeer(chain []*x509.Certificate) error {
 // off the trust list (or a revoked serial) is refused on connections kept
 // open from before as on new ones.
 func (c *Checker) DialPeer(ctx context.Context, network, addr string) (net.Conn, error) {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return nil, fmt.Errorf("auth: peer address %q: %w", addr, err)
+	return c.DialPeerOver(nil)(ctx, network, addr)
+}
+
+// DialPeerOver is DialPeer running its handshake over the connections
+// dial opens (nil: TCP), for a network that is not the host's (tests
+// inject faults there).
+func (c *Checker) DialPeerOver(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	if dial == nil {
+		dial = (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
 	}
-	// The generation read before the handshake: lists that change during
-	// it are checked again at the first write.
-	_, _, gen, err := c.current()
-	if err != nil {
-		return nil, err
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, fmt.Errorf("auth: peer address %q: %w", addr, err)
+		}
+		// The generation read before the handshake: lists that change
+		// during it are checked again at the first write.
+		_, _, gen, err := c.current()
+		if err != nil {
+			return nil, err
+		}
+		raw, err := dial(ctx, network, addr)
+		if err != nil {
+			return nil, fmt.Errorf("auth: %w", err)
+		}
+		tc := tls.Client(raw, c.PeerHTTPConfig(host))
+		if err := tc.HandshakeContext(ctx); err != nil {
+			_ = raw.Close()
+			return nil, fmt.Errorf("auth: %w", err)
+		}
+		return &peerConn{Conn: tc, c: c, chain: tc.ConnectionState().PeerCertificates, gen: gen}, nil
 	}
-	d := tls.Dialer{NetDialer: &net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second},
-		Config: c.PeerHTTPConfig(host)}
-	conn, err := d.DialContext(ctx, network, addr)
-	if err != nil {
-		return nil, fmt.Errorf("auth: %w", err)
-	}
-	tc := conn.(*tls.Conn)
-	return &peerConn{Conn: tc, c: c, chain: tc.ConnectionState().PeerCertificates, gen: gen}, nil
 }
 
 // peerConn is a connection to a peer's API whose chain was accepted under

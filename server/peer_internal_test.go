@@ -17,7 +17,7 @@ func TestPeersAreNeverCalledOverPlainHTTP(t *testing.T) {
 	var calls atomic.Int64
 	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { calls.Add(1) }))
 	t.Cleanup(plain.Close)
-	c := peerHTTP(auth.NewChecker(nil, nil))
+	c := peerHTTP(auth.NewChecker(nil, nil), nil)
 	resp, err := c.Get(plain.URL + "/v1/tc/leader")
 	if err == nil {
 		_ = resp.Body.Close()
@@ -26,7 +26,7 @@ func TestPeersAreNeverCalledOverPlainHTTP(t *testing.T) {
 		t.Fatalf("plain http peer: err %v, %d call(s) reached it", err, calls.Load())
 	}
 	// Without mTLS, plain http is the only way peers talk.
-	resp, err = peerHTTP(nil).Get(plain.URL)
+	resp, err = peerHTTP(nil, nil).Get(plain.URL)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -129,12 +129,20 @@ type Option func(*options)
 
 type options struct {
 	network    cluster.Network
+	peerDial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	gossipHook func(*memberlist.Config)
 	httpHook   func(*http.Server)
 }
 
 // WithNetwork carries Raft and forwarded requests over n.
 func WithNetwork(n cluster.Network) Option { return func(o *options) { o.network = n } }
+
+// WithPeerDialer opens the connections to other nodes' and islands' HTTP
+// APIs (decisions passed on to the leader, the coordinator's calls to
+// other islands) with dial; TLS runs over what it returns.
+func WithPeerDialer(dial func(ctx context.Context, network, addr string) (net.Conn, error)) Option {
+	return func(o *options) { o.peerDial = dial }
+}
 
 // WithGossipHook adjusts memberlist's configuration after the gossip
 // profile was applied (for example to install a transport).
@@ -212,7 +220,7 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 	if src != nil {
 		checker = auth.NewChecker(src, lateLists{node: &node})
 	}
-	peers := peerHTTP(checker)
+	peers := peerHTTP(checker, o.peerDial)
 	coord := tc.New(island, island, &tc.HTTPRemote{HTTP: peers}, leaderClock, tc.Config{
 		FanoutTimeout: cfg.TCFanoutTimeout, FanoutAttempts: cfg.TCFanoutAttempts, FanoutBaseDelay: cfg.TCFanoutBaseDelay,
 		FanoutMaxDelay: cfg.TCFanoutMaxDelay, FanoutMultiplier: cfg.TCFanoutMultiplier, PendingTTL: cfg.TCPendingTTL,
@@ -450,10 +458,10 @@ func (l lateIsland) Endpoints() ([]string, time.Time, error) {
 // APIs: with mTLS it presents the node's server certificate and accepts
 // servers of the island's CA and of the CAs on its trust list, and it
 // never calls a peer over plain http, where no certificate is checked.
-func peerHTTP(c *auth.Checker) *http.Client {
-	t := &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second}
+func peerHTTP(c *auth.Checker, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *http.Client {
+	t := &http.Transport{MaxIdleConnsPerHost: 64, IdleConnTimeout: 90 * time.Second, DialContext: dial}
 	if c != nil {
-		t.DialTLSContext = c.DialPeer
+		t.DialTLSContext = c.DialPeerOver(dial)
 		t.DialContext = func(_ context.Context, _, addr string) (net.Conn, error) {
 			return nil, fmt.Errorf("%w: http://%s", errPlainPeer, addr)
 		}

@@ -30,6 +30,7 @@ type Cluster struct {
 	t      testing.TB
 	Fabric *faultnet.Fabric
 	Nodes  []*Node
+	prefix string // of the nodes' names
 
 	ca       *auth.Bundle // nil: the nodes run with --disable-mtls
 	client   *auth.Bundle // a client certificate allowed every namespace
@@ -47,9 +48,11 @@ type Node struct {
 type Option func(*settings)
 
 type settings struct {
-	ca    *auth.Bundle
-	plain bool
-	nodes []func(*config.Server)
+	ca     *auth.Bundle
+	plain  bool
+	fabric *faultnet.Fabric
+	prefix string
+	nodes  []func(*config.Server)
 }
 
 // Configure adjusts every node's configuration.
@@ -61,6 +64,14 @@ func Configure(f func(*config.Server)) Option {
 // test CA (testutil.CA): clusters of different CAs are islands that do
 // not trust each other until told to.
 func WithCA(ca *auth.Bundle) Option { return func(s *settings) { s.ca = ca } }
+
+// OnFabric runs the nodes on fabric f, which other clusters of the test
+// share, named prefix1, prefix2 ...: islands whose nodes the fabric can
+// partition, freeze and crash as it does the nodes of one cluster, the
+// calls between them included.
+func OnFabric(f *faultnet.Fabric, prefix string) Option {
+	return func(s *settings) { s.fabric, s.prefix = f, prefix }
+}
 
 // WithoutTLS runs the nodes with --disable-mtls: plain HTTP, Raft and
 // gossip.
@@ -79,7 +90,10 @@ func apply(opts []Option) settings {
 func Start(t testing.TB, size int, opts ...Option) *Cluster {
 	t.Helper()
 	set := apply(opts)
-	c := &Cluster{t: t, Fabric: faultnet.New()}
+	c := &Cluster{t: t, Fabric: set.fabric, prefix: set.prefix}
+	if c.Fabric == nil {
+		c.Fabric, c.prefix = faultnet.New(), "n"
+	}
 	if !set.plain {
 		c.ca = set.ca
 		if c.ca == nil {
@@ -91,7 +105,7 @@ func Start(t testing.TB, size int, opts ...Option) *Cluster {
 	var gossip []string
 	for i := 0; i < size; i++ {
 		cfg := testutil.Config(t, t.TempDir())
-		cfg.NodeID = fmt.Sprintf("n%d", i+1)
+		cfg.NodeID = fmt.Sprintf("%s%d", c.prefix, i+1)
 		cfg.Listen, cfg.RaftListen, cfg.GossipListen = testutil.FreeAddr(t), testutil.FreeAddr(t), testutil.FreeAddr(t)
 		cfg.BootstrapExpect = size
 		cfg.DeadServerTimeout = 30 * time.Second
@@ -154,7 +168,7 @@ func (c *Cluster) CA() *auth.Bundle { return c.ca }
 func (c *Cluster) Add(opts ...Option) int {
 	c.t.Helper()
 	cfg := testutil.Config(c.t, c.t.TempDir())
-	cfg.NodeID = fmt.Sprintf("n%d", len(c.Nodes)+1)
+	cfg.NodeID = fmt.Sprintf("%s%d", c.prefix, len(c.Nodes)+1)
 	cfg.Listen, cfg.RaftListen, cfg.GossipListen = testutil.FreeAddr(c.t), testutil.FreeAddr(c.t), testutil.FreeAddr(c.t)
 	cfg.BootstrapExpect = 0
 	cfg.DeadServerTimeout = c.Nodes[0].Config.DeadServerTimeout
@@ -181,8 +195,8 @@ func (c *Cluster) Start(i int) {
 	// Clients that dial through the fabric (Client, HTTPClient) are
 	// subject to the node's freezes and crashes.
 	c.Fabric.Register(n.Config.Listen, n.Name)
-	srv, err := server.Start(n.Config, testutil.Logger(c.t),
-		server.WithNetwork(c.Fabric.Network(n.Name)), server.WithGossipHook(c.Fabric.Gossip(n.Name, nil)))
+	srv, err := server.Start(n.Config, testutil.Logger(c.t), server.WithNetwork(c.Fabric.Network(n.Name)),
+		server.WithPeerDialer(c.Fabric.Dialer(n.Name)), server.WithGossipHook(c.Fabric.Gossip(n.Name, nil)))
 	if err != nil {
 		c.t.Fatalf("start %s: %v", n.Name, err)
 	}
