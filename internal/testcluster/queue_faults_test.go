@@ -78,13 +78,7 @@ type qfHistory struct {
 //
 // The schedule is random; RAFTLOCKD_QFAULT_SEED=<seed> reruns one.
 func TestQueueUnderFaults(t *testing.T) {
-	seed := time.Now().UnixNano()
-	if v := os.Getenv(envQFaultSeed); v != "" {
-		var err error
-		if seed, err = strconv.ParseInt(v, 10, 64); err != nil {
-			t.Fatalf("%s: %v", envQFaultSeed, err)
-		}
-	}
+	seed := faultSeed(t, envQFaultSeed)
 	chaos := 15 * time.Second
 	if testing.Short() {
 		chaos = 6 * time.Second
@@ -258,6 +252,21 @@ func TestQueueUnderFaults(t *testing.T) {
 		}
 		t.Fatalf("seed %d (rerun: %s=%d):\n  %s", seed, envQFaultSeed, seed, strings.Join(problems, "\n  "))
 	}
+}
+
+// faultSeed returns the seed named by the environment variable env, or a
+// new one.
+func faultSeed(t *testing.T, env string) int64 {
+	t.Helper()
+	v := os.Getenv(env)
+	if v == "" {
+		return time.Now().UnixNano()
+	}
+	seed, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		t.Fatalf("%s: %v", env, err)
+	}
+	return seed
 }
 
 // pause waits d or until ctx ends: pacing, not waiting for a condition.
