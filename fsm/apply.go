@@ -2,6 +2,7 @@ package fsm
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -692,6 +693,11 @@ func (s *applyState) sweep(c *SweepCmd) *Result {
 	if c.Limit <= 0 || c.TxnRetention < 0 || c.Format < 0 || c.Format > EntryFormat {
 		return fail(errcode.MalformedCmd.With("sweep needs a positive limit and a known entry format"))
 	}
+	if c.Format >= formatV13 && s.rules() < formatV13 {
+		// Records forgotten before the island noted them were created no
+		// later than the retention before now.
+		s.forgot(s.now - c.TxnRetention)
+	}
 	if c.Format > s.rules() {
 		s.put(bucketMeta, metaRules, putU64(uint64(c.Format)))
 	}
@@ -760,8 +766,12 @@ func (s *applyState) sweep(c *SweepCmd) *Result {
 		budget--
 		at, id := splitTimer(tk)
 		s.del(bucketTxnDone, tk)
-		if t := s.txn(string(id)); t != nil && t.retainedPast(at) {
+		t := s.txn(string(id))
+		if t != nil && t.retainedPast(at) {
 			continue // islands were added since: their last ack starts the retention again
+		}
+		if t != nil && s.rules() >= formatV13 {
+			s.forgot(cmp.Or(t.CreatedAt, s.now))
 		}
 		s.del(bucketTxns, id)
 		res.Forgotten++

@@ -210,7 +210,9 @@ func walk(b *bolt.Bucket) error {
 // least its current value (a key the file does not know gets a record that
 // holds only its counter), so is every message's the file holds, the
 // replicated clock, the coordinators' terms, the island's voter high-water
-// mark and the rules it follows to at least the current ones, the file's
+// mark and the rules it follows to at least the current ones, the latest
+// time the island may have forgotten a transaction (metaTxnForgot) to at
+// least the current clock, the file's
 // denylist gets the current one's serials, its trust list loses the CAs
 // removed from the current one, and the island keeps its backend hash and
 // its own registry entry. Documents, versions, leases, queues and
@@ -269,6 +271,15 @@ func (f *FSM) PrepareRestore(path string) error {
 				meta := tx.Bucket(bucketMeta)
 				if clock := u64(cur.b(bucketMeta).Get(metaNow)); clock > u64(meta.Get(metaNow)) {
 					if err := meta.Put(metaNow, putU64(clock)); err != nil {
+						return err
+					}
+				}
+				// The island forgets every transaction the file does not
+				// hold: one it has no record of afterwards may be one it
+				// knew until now.
+				forgot := max(u64(cur.b(bucketMeta).Get(metaTxnForgot)), u64(cur.b(bucketMeta).Get(metaNow)))
+				if forgot > u64(meta.Get(metaTxnForgot)) {
+					if err := meta.Put(metaTxnForgot, putU64(forgot)); err != nil {
 						return err
 					}
 				}

@@ -130,16 +130,29 @@ const formatV11 = 11
 // requests waited on one key or queue. It is framed as formatV1.
 const formatV12 = 12
 
+// formatV13 is the first byte of a command only builds of entry format 13
+// apply: a sweep that raises the island's rules to format 13, from which on
+// the island notes how recent the transaction records it forgot were
+// (metaTxnForgot), and a prepare of a transaction it has no record of (or a
+// pending or commit decision of its coordinator that names its own
+// participants) whose id was minted before that rolls the transaction back
+// instead of locking the participants: the island may have rolled the
+// transaction back and forgotten it, and its other islands must not commit
+// it alone. It is framed as formatV1.
+const formatV13 = 13
+
 // EntryFormat is the newest entry format this build applies. Nodes announce
 // it; a leader packs commands, and a server proposes drop_waits, prune
 // passes that keep the tip and forget_keys, only when every server
 // announces it (gossip); an entry of a newer format stops the node (apply).
-const EntryFormat = formatV12
+const EntryFormat = formatV13
 
 // format is the first byte of c's encoding: the oldest entry format whose
 // builds apply c as this one does.
 func (c *Command) format() byte {
 	switch {
+	case c.Sweep != nil && c.Sweep.Format >= formatV13:
+		return formatV13
 	case c.Sweep != nil && c.Sweep.Format >= formatV12:
 		return formatV12
 	case c.Sweep != nil && c.Sweep.Format >= formatV11:

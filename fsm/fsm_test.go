@@ -934,7 +934,9 @@ func TestMalformedEntriesAreRejectedDeterministically(t *testing.T) {
 		{sweep(), formatV11},
 		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV11}}, formatV10},
 		{sweep(), formatV12},
-		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV12}}, formatV11}} {
+		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV12}}, formatV11},
+		{sweep(), formatV13},
+		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV13}}, formatV12}} {
 		data, err := Encode(c.cmd)
 		if err != nil {
 			t.Fatal(err)

@@ -42,6 +42,14 @@ var (
 	// metaKeyTokens is the highest fencing token of a forgotten key record
 	// (8 bytes): a key without a record counts on from it.
 	metaKeyTokens = []byte("key_tokens")
+	// metaTxnForgot is the latest time (Unix ms, 8 bytes) at which a
+	// transaction record the island has forgotten had been created, from
+	// rules format 13 on; the adoption of those rules and a restore set it
+	// to the latest time the island may have forgotten a record of (the
+	// retention before, the replaced state's clock). A transaction the
+	// island has no record of whose id was minted later was never known
+	// here (TxnClockSkew aside).
+	metaTxnForgot = []byte("txn_forgot")
 	// metaRules is the newest entry format whose rules the island follows
 	// (8 bytes; absent: formatV1). A sweep raises it once every server
 	// applies that format (SweepCmd.Format); rules that changed with a

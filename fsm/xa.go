@@ -7,6 +7,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/rs/xid"
+
 	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/staging"
 )
@@ -239,6 +241,51 @@ func (t *TxnRecord) Unacked() []string {
 	return out
 }
 
+// TxnClockSkew is how far the clock of the server that minted a
+// transaction id may be ahead of an island's, or behind it, for the island
+// to tell a transaction it forgot from one it never knew (forgotten).
+const TxnClockSkew = time.Minute
+
+// forgot notes that the island forgot, or may have forgotten, the record of
+// a transaction created at createdAt (Unix ms).
+func (s *applyState) forgot(createdAt int64) {
+	if createdAt > int64(u64(s.b(bucketMeta).Get(metaTxnForgot))) {
+		s.put(bucketMeta, metaTxnForgot, putU64(uint64(createdAt)))
+	}
+}
+
+// forgotten reports whether a request would enlist this island's
+// participants among ps in transaction txn, of which the island has no
+// record (t is nil) and which it may have forgotten, under rules of format
+// 13 or later. A transaction id is an xid, which carries the second it was
+// minted: the island may have forgotten a transaction minted no later
+// than TxnClockSkew after the creation of the latest record it forgot
+// (metaTxnForgot), and one minted more than TxnClockSkew ahead of its
+// clock cannot be placed. Such a transaction may have held the
+// participants here and been rolled back, its staged writes discarded;
+// locking them for it now would let its other islands commit alone. An id
+// that is not an xid says nothing.
+func (s *applyState) forgotten(txn string, t *TxnRecord, ps []Participant) bool {
+	if t != nil || s.rules() < formatV13 {
+		return false
+	}
+	local := false
+	locals(ps, func(Participant) bool { local = true; return false })
+	if !local {
+		return false
+	}
+	id, err := xid.FromString(txn)
+	if err != nil {
+		return false
+	}
+	minted, skew := id.Time().UnixMilli(), TxnClockSkew.Milliseconds()
+	return minted <= int64(u64(s.b(bucketMeta).Get(metaTxnForgot)))+skew || minted > s.now+skew
+}
+
+// forgottenDetail explains the rollback of a transaction the island may
+// have forgotten.
+const forgottenDetail = "the island has no record of the transaction and may have rolled it back and forgotten it"
+
 // LockedPrefix starts the detail of a lock conflict: LOCKED:<holder>.
 const LockedPrefix = "LOCKED:"
 
@@ -426,11 +473,18 @@ func (s *applyState) txnDecide(c *DecideCmd) *Result {
 		}
 		return &Result{Decision: t.State, Txn: txnInfo(c.TxnID, t)}
 	}
+	forgot := c.State != TxnRollback && s.forgotten(c.TxnID, t, ps)
 	if t == nil {
 		t = &TxnRecord{State: TxnPending, CreatedAt: s.now}
 	}
 	if tooMany(t, ps) {
 		return fail(errcode.TxnTooLarge.With("a transaction holds at most %d keys", MaxParticipants))
+	}
+	if forgot {
+		mergeParticipants(t, ps)
+		s.storeTxn(c.TxnID, t)
+		s.decideFinal(c.TxnID, false, ReasonPresumedAbort, forgottenDetail)
+		return s.decided(c.TxnID)
 	}
 	switch c.State {
 	case TxnPending:
@@ -582,11 +636,23 @@ func (s *applyState) txnPrepare(c *PrepareCmd) *Result {
 	if t != nil && t.Home == "" && len(t.Remotes()) > 0 {
 		return fail(errcode.TxnBackendMismatch.With("transaction %s is coordinated by this island", c.TxnID))
 	}
+	forgot := s.forgotten(c.TxnID, t, ps)
 	if t == nil {
 		t = &TxnRecord{State: TxnPending, CreatedAt: s.now}
 	}
 	if tooMany(t, ps) {
 		return fail(errcode.TxnTooLarge.With("a transaction holds at most %d keys", MaxParticipants))
+	}
+	if forgot {
+		// The vote is a rollback, recorded as the coordinator's decision
+		// would be, so that nothing of the transaction is locked or
+		// committed here.
+		s.noteTerm(c.Home, c.Term)
+		mergeParticipants(t, ps)
+		t.Home, t.TCTerm = c.Home, c.Term
+		s.storeTxn(c.TxnID, t)
+		s.decideFinal(c.TxnID, false, ReasonPresumedAbort, forgottenDetail)
+		return s.decided(c.TxnID)
 	}
 	if err := s.lockLocal(c.TxnID, t, ps, c.Owner, c.LeaseID, c.ExpiresAt); err != nil {
 		return fail(err)
