@@ -359,18 +359,9 @@ func TestPrepareRestoreKeepsFencingTokensGrowing(t *testing.T) {
 	h.one(&Command{Op: OpSetBackend, SetBackend: &SetBackendCmd{Voters: 5}})
 	now := h.f.Now()
 
-	if err := h.f.PrepareRestore(backup); err != nil {
-		t.Fatal(err)
-	}
 	dst := openHarness(t, t.TempDir())
 	dst.one(&Command{Op: OpSetBackend, SetBackend: &SetBackendCmd{Hash: "island-b"}})
-	f, err := os.Open(backup)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := dst.f.Restore(f); err != nil {
-		t.Fatal(err)
-	}
+	restoreInto(t, h, dst, backup)
 	if d := dst.publicDoc("a"); string(d.Bytes) != `{"v":1}` || d.Version != 1 {
 		t.Fatalf("a after restore: %+v", d)
 	}
@@ -425,9 +416,13 @@ func TestPrepareRestoreKeepsTheIslandsOwnRegistryEntry(t *testing.T) {
 
 // restoreBackup prepares the backup file at path and installs it as h's
 // state, as an operator's restore does.
-func restoreBackup(t *testing.T, h *harness, path string) {
+func restoreBackup(t *testing.T, h *harness, path string) { restoreInto(t, h, h, path) }
+
+// restoreInto restores the backup at path, prepared by the current state of
+// src (PrepareRestore), into dst.
+func restoreInto(t *testing.T, src, dst *harness, path string) {
 	t.Helper()
-	if err := h.f.PrepareRestore(path); err != nil {
+	if err := src.f.PrepareRestore(path); err != nil {
 		t.Fatal(err)
 	}
 	f, err := os.Open(path)
@@ -435,10 +430,10 @@ func restoreBackup(t *testing.T, h *harness, path string) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	if err := h.f.Restore(f); err != nil {
+	if err := dst.f.Restore(f); err != nil {
 		t.Fatal(err)
 	}
-	h.index = h.f.Applied()
+	dst.index = dst.f.Applied()
 }
 
 // A restore never lowers the rules the island follows: a backup taken

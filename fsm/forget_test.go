@@ -1,7 +1,6 @@
 package fsm
 
 import (
-	"os"
 	"testing"
 
 	"github.com/raftlockd/raftlockd/errcode"
@@ -123,18 +122,8 @@ func TestRestoreKeepsTheFloorOfForgottenKeys(t *testing.T) {
 	if r := h.forget(name("k")); r.Forgotten != 1 {
 		t.Fatalf("forget: %+v", r)
 	}
-	if err := h.f.PrepareRestore(backup); err != nil {
-		t.Fatal(err)
-	}
 	dst := openHarness(t, t.TempDir())
-	f, err := os.Open(backup)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := dst.f.Restore(f); err != nil {
-		t.Fatal(err)
-	}
-	dst.index = dst.f.Applied()
+	restoreInto(t, h, dst, backup)
 	if l := mustLease(t, dst.one(acq("k", "t-after", "after", 10_000, 0))); l.Token != 6 {
 		t.Fatalf("token after restoring = %d, want 6", l.Token)
 	}

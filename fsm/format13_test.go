@@ -88,3 +88,27 @@ func (h *harness) txn(id string) *TxnRecord {
 	_ = h.f.View(func(v *View) error { t = v.Txn(id); return nil })
 	return t
 }
+
+// A restore forgets every transaction the backup does not hold: one the
+// island knew until the restore and has no record of afterwards is rolled
+// back when it is prepared, as one it forgot by retention is.
+func TestARestoredIslandRollsBackATransactionTheBackupDoesNotHold(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, TxnRetention: 600_000, Format: formatV13}})
+	h.one(&Command{Op: OpSetBackend, SetBackend: &SetBackendCmd{Hash: "here"}})
+	backup := snapshotFile(t, h)
+
+	h.now += 5 * 60_000
+	txn := xid.NewWithTime(time.UnixMilli(h.now)).String()
+	l := mustLease(t, h.one(acq("k", txn, "r1", 600_000, 0)))
+	if r := h.one(update(l, `{"v":1}`)); r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	restoreBackup(t, h, backup)
+	h.now += 1000
+	r := h.one(&Command{Op: OpTxnPrepare, Prepare: &PrepareCmd{TxnID: txn, Home: "far", Term: 1,
+		ExpiresAt: h.now + 60_000, LeaseID: "lx", Participants: []Participant{local("k")}}})
+	if r.Err != nil || r.Decision != TxnRollback || r.Txn.Reason != ReasonPresumedAbort {
+		t.Fatalf("prepare after a restore of a transaction the backup does not hold: %+v (%v), want a presumed abort", r.Txn, r.Err)
+	}
+}
