@@ -124,6 +124,8 @@ type gossip struct {
 	twinLog      warnEvery    // paces the one about a later server running under this node's id
 
 	twinCheck atomic.Bool // a check of another server announcing this node's id is under way
+	started   atomic.Bool // selfAddr is set
+	stale     atomic.Bool // a member holds this node at an address it no longer gossips at
 
 	promiseMu sync.Mutex
 	promise   bootstrapPromise // the bootstrap configuration this server agreed to
@@ -169,9 +171,18 @@ func startGossip(n *Node, cfg GossipConfig) (*gossip, error) {
 			return nil, fmt.Errorf("cluster: gossip advertise address %q: %w", cfg.Advertise, err)
 		}
 	}
+	// memberlist refuses a member's name at a new address while it holds
+	// the old one, and by default for as long as it remembers the member
+	// once dead (GossipToTheDeadTime, 30 s): a server that comes back at a
+	// new address (a container recreated) would stay out that long, and
+	// then until its next push/pull. Once the old address is declared
+	// dead, the name is free; the moved server announces itself again
+	// meanwhile (reconnectLoop).
+	mc.DeadNodeReclaimTime = time.Second
 	mc.Delegate = g
 	mc.Events = g
 	mc.Conflict = g
+	mc.Merge = g
 	mc.Ping = n.clocks
 	mc.Logger = log.New(memberlistLog{log: n.cfg.Logger.With("component", "gossip")}, "", 0)
 	if cfg.Tune != nil {
@@ -186,6 +197,7 @@ func startGossip(n *Node, cfg GossipConfig) (*gossip, error) {
 	// Read before the loops start: memberlist rewrites its local node
 	// when this node's metadata changes (refresh).
 	g.selfAddr = g.ml.LocalNode().Address()
+	g.started.Store(true)
 	g.wg.Add(5)
 	go g.joinLoop()
 	go g.bootstrapLoop()
@@ -307,6 +319,23 @@ func (g *gossip) observe(node *memberlist.Node, status string) {
 	}
 	g.mu.Unlock()
 	g.pilot.kick()
+}
+
+// NotifyMerge implements memberlist.MergeDelegate: a member this node
+// joined (or that joined it) sent its view of the cluster. When that view
+// holds this node at another address, this node moved (restarted at a new
+// address) and the member has not taken the new one yet: reconnectLoop
+// joins the members again until none does.
+func (g *gossip) NotifyMerge(peers []*memberlist.Node) error {
+	if !g.started.Load() {
+		return nil
+	}
+	for _, p := range peers {
+		if p.Name == g.n.cfg.NodeID && p.Address() != g.selfAddr {
+			g.stale.Store(true)
+		}
+	}
+	return nil
 }
 
 // NotifyConflict implements memberlist.ConflictDelegate: gossip heard of
@@ -690,7 +719,10 @@ func (g *gossip) bootstrapSet(expect int) ([]raft.Server, bool) {
 // again, and the leader would eventually remove healthy voters. Every
 // interval, this node asks each Raft server that gossip holds dead (and
 // that was not removed on purpose) to join it; a member that answers
-// refutes its death and both sides see it alive again.
+// refutes its death and both sides see it alive again. While a member
+// holds this node at an address it no longer has (NotifyMerge), it also
+// joins every member it sees alive, which tells them its address: each
+// takes it once it has declared the old one dead.
 func (g *gossip) reconnectLoop(interval time.Duration) {
 	defer g.wg.Done()
 	t := time.NewTicker(interval)
@@ -705,22 +737,28 @@ func (g *gossip) reconnectLoop(interval time.Duration) {
 		if err != nil {
 			continue
 		}
-		var addrs []string
+		var dead, alive []string
+		stale := g.stale.Swap(false)
 		g.mu.Lock()
 		for _, s := range servers {
 			m := g.members[string(s.ID)]
 			if m != nil && m.Status != "alive" && !g.removedLocked(m.ID) && string(s.ID) != g.n.cfg.NodeID {
-				addrs = append(addrs, m.GossipAddr)
+				dead = append(dead, m.GossipAddr)
+			}
+		}
+		for id, m := range g.members {
+			if stale && m.Status == "alive" && id != g.n.cfg.NodeID {
+				alive = append(alive, m.GossipAddr)
 			}
 		}
 		g.mu.Unlock()
-		for _, a := range addrs {
+		for _, a := range slices.Concat(dead, alive) {
 			select {
 			case <-g.done:
 				return
 			default:
 			}
-			if _, err := g.ml.Join([]string{a}); err == nil {
+			if _, err := g.ml.Join([]string{a}); err == nil && slices.Contains(dead, a) {
 				g.n.cfg.Logger.Info("gossip reached a member it had declared dead", "addr", a)
 			}
 		}

@@ -382,7 +382,6 @@ func fastGossip(c *memberlist.Config) {
 	c.PushPullInterval = 5 * time.Second
 	c.TCPTimeout = time.Second
 	c.GossipToTheDeadTime = 5 * time.Second
-	c.DeadNodeReclaimTime = time.Second
 }
 
 type proposerFunc func(ctx context.Context, c *fsm.Command) (*fsm.Result, error)
