@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -487,4 +488,50 @@ func TestAServerRestartedOnNewAddressesIsBackAtThem(t *testing.T) {
 	waitFor(t, 10*time.Second, "the moved server to apply a new write", func() bool {
 		return nodes[moved].FSM().Applied() >= leader.FSM().Applied()
 	})
+}
+
+// A server restarted at the Raft address a stopped server had (containers
+// recreated, one given another's former IP) answers for itself only: a
+// dial meant for the stopped server that reaches it is refused. Raft
+// grants a candidate's repeated vote request, and counts an answer at a
+// server's address as that server's: two servers of five, one answering
+// for two, would elect a leader, and with the other three on the far side
+// of a partition, two leaders would commit.
+func TestAServerAtAnotherServersFormerAddressAnswersOnlyForItself(t *testing.T) {
+	cfgs := sameFlags(t, []string{"n1", "n2", "n3", "n4", "n5"}, 5)
+	nodes := openAll(t, cfgs)
+	leader := leaderWithin(t, nodes)
+	waitFor(t, 20*time.Second, "five voters", func() bool { return countVoters(t, leader) == 5 })
+	var stopped []int
+	for i, n := range nodes {
+		if n != leader {
+			stopped = append(stopped, i)
+			if err := n.Close(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	waitFor(t, 10*time.Second, "the leader left alone to step down", func() bool { return !leader.IsLeader() })
+	moved, gone := stopped[0], stopped[1]
+	cfgs[moved].RaftBind = nodes[gone].RaftAddr()
+	g := *cfgs[moved].Gossip
+	g.Bind = freeAddr(t)
+	cfgs[moved].Gossip = &g
+	var elected atomic.Value
+	nodes[moved] = openNode(t, cfgs[moved])
+	for _, n := range []*Node{leader, nodes[moved]} {
+		n.OnLeadership(func(isLeader bool) {
+			if isLeader {
+				elected.Store(n.ID())
+			}
+		})
+	}
+	waitFor(t, 10*time.Second, "the moved server to be at its new address in the leader's gossip", func() bool {
+		return leader.gossip.raftAddr(nodes[moved].ID()) == nodes[moved].RaftAddr()
+	})
+	// Elections run every few hundred milliseconds while neither leads.
+	time.Sleep(3 * time.Second)
+	if id := elected.Load(); id != nil {
+		t.Fatalf("%s was elected with two servers of five running", id)
+	}
 }

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -249,6 +250,16 @@ func (m *mux) checkUnbound(c net.Conn) error {
 // it voted for) and lead alone.
 var ErrDialledSelf = errors.New("cluster: the address answers as this server (another server's stale address)")
 
+// ErrOtherServer says that a Raft address answered as another server than
+// the one raft dialled there: the address that server had, before another
+// took it over (containers recreated, one given another's former IP).
+// Raft counts what it hears at a server's address as that server's; a
+// server answering for another too would give a candidate two votes
+// (raft grants a repeated vote request of the candidate it voted for), and
+// a leader two acknowledgements, so that two servers of five could elect
+// a leader and commit.
+var ErrOtherServer = errors.New("cluster: the address answers as another server (a stale address)")
+
 // ErrOtherNode says that a server names itself with another node id than
 // the one its certificate is bound to.
 var ErrOtherNode = errors.New("cluster: the server's certificate is bound to another node")
@@ -408,10 +419,11 @@ func (s *streamLayer) Addr() net.Addr { return s.advertise }
 // shuts down: a peer that does not answer (a paused process, a network
 // that drops its packets) would otherwise hold raft's shutdown for the
 // whole timeout of every request waiting on it.
-func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+func (s *streamLayer) Dial(target raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
 	ctx, cancel := s.m.life()
 	defer cancel()
-	c, err := s.dial(ctx, addr, timeout)
+	addr, want := splitDialAddr(target)
+	c, err := s.dial(ctx, addr, want, timeout)
 	if err != nil {
 		return nil, err
 	}
@@ -422,7 +434,9 @@ func (s *streamLayer) Dial(addr raft.ServerAddress, timeout time.Duration) (net.
 	return tc, nil
 }
 
-func (s *streamLayer) dial(ctx context.Context, addr raft.ServerAddress, timeout time.Duration) (net.Conn, error) {
+// dial connects to addr; want is the server raft means to reach there ("":
+// any).
+func (s *streamLayer) dial(ctx context.Context, addr raft.ServerAddress, want raft.ServerID, timeout time.Duration) (net.Conn, error) {
 	if s.older != nil && s.older(string(addr)) {
 		c, err := dialProto(ctx, s.network, string(addr), timeout, protoRaft)
 		if err != nil {
@@ -456,6 +470,10 @@ func (s *streamLayer) dial(ctx context.Context, addr raft.ServerAddress, timeout
 	if id != "" && id == s.m.self {
 		c.Close()
 		return nil, fmt.Errorf("cluster: dial %s: %w", addr, ErrDialledSelf)
+	}
+	if id != "" && want != "" && id != string(want) {
+		c.Close()
+		return nil, fmt.Errorf("cluster: dial %s for %s: %s answers: %w", addr, want, id, ErrOtherServer)
 	}
 	if err := s.m.checkNode(c, id); err != nil {
 		c.Close()
@@ -507,21 +525,37 @@ type raftAddresses struct {
 
 var _ raft.ServerAddressProvider = (*raftAddresses)(nil)
 
-// ServerAddr implements raft.ServerAddressProvider.
+// ServerAddr implements raft.ServerAddressProvider. What it returns names
+// the server as well as its address (dialAddr), so that the dial checks
+// that the server answering there is the one raft means (ErrOtherServer),
+// and raft keeps the connections to each server apart.
 func (a *raftAddresses) ServerAddr(id raft.ServerID) (raft.ServerAddress, error) {
 	if g := a.gossip.Load(); g != nil {
 		if addr := g.raftAddr(string(id)); addr != "" {
-			return raft.ServerAddress(addr), nil
+			return dialAddr(raft.ServerAddress(addr), id), nil
 		}
 	}
 	if r := a.raft.Load(); r != nil {
 		for _, s := range r.GetConfiguration().Configuration().Servers {
 			if s.ID == id {
-				return s.Address, nil
+				return dialAddr(s.Address, id), nil
 			}
 		}
 	}
 	return "", fmt.Errorf("cluster: no address known for server %s", id)
+}
+
+// dialAddr is what raft dials to reach server id at addr: the address, a
+// '#' (which no host name or port holds) and the id.
+func dialAddr(addr raft.ServerAddress, id raft.ServerID) raft.ServerAddress {
+	return addr + "#" + raft.ServerAddress(id)
+}
+
+// splitDialAddr takes dialAddr's result apart; a bare address names no
+// server.
+func splitDialAddr(target raft.ServerAddress) (raft.ServerAddress, raft.ServerID) {
+	addr, id, _ := strings.Cut(string(target), "#")
+	return raft.ServerAddress(addr), raft.ServerID(id)
 }
 
 // advertiseAddr resolves the address peers should dial.
@@ -733,6 +767,14 @@ func (t *raftTransport) RequestPreVote(id raft.ServerID, target raft.ServerAddre
 		return errJoining
 	}
 	return t.NetworkTransport.RequestPreVote(id, target, args, resp)
+}
+
+// EncodePeer implements raft.Transport: a server's address as RPC headers
+// carry it (where followers learn the leader's), without the id ServerAddr
+// adds for the dial.
+func (t *raftTransport) EncodePeer(id raft.ServerID, addr raft.ServerAddress) []byte {
+	plain, _ := splitDialAddr(raft.ServerAddress(t.NetworkTransport.EncodePeer(id, addr)))
+	return []byte(plain)
 }
 
 // Close implements raft.WithClose; it also ends the gate's goroutine.
