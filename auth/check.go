@@ -206,14 +206,22 @@ func (c *Checker) DialPeer(ctx context.Context, network, addr string) (net.Conn,
 	return c.DialPeerOver(nil)(ctx, network, addr)
 }
 
+// peerDialTimeout bounds a peer connection, its TLS handshake included.
+var peerDialTimeout = 10 * time.Second
+
 // DialPeerOver is DialPeer running its handshake over the connections
 // dial opens (nil: TCP), for a network that is not the host's (tests
 // inject faults there).
 func (c *Checker) DialPeerOver(dial func(ctx context.Context, network, addr string) (net.Conn, error)) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	if dial == nil {
-		dial = (&net.Dialer{Timeout: 10 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+		dial = (&net.Dialer{KeepAlive: 30 * time.Second}).DialContext
 	}
 	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		// The connection and its handshake together: a peer that accepts
+		// but never answers (a stopped process) does not hold the dial,
+		// whose context (an http.Transport's) has no deadline of its own.
+		ctx, cancel := context.WithTimeout(ctx, peerDialTimeout)
+		defer cancel()
 		host, _, err := net.SplitHostPort(addr)
 		if err != nil {
 			return nil, fmt.Errorf("auth: peer address %q: %w", addr, err)

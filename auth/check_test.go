@@ -1,6 +1,7 @@
 package auth
 
 import (
+	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -349,5 +350,47 @@ func BenchmarkCheck(b *testing.B) {
 		if _, err := c.Check(chain(cl), false, now); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// A peer that accepts the connection but never answers the handshake (a
+// stopped process) fails the dial once the dial's time is up, instead of
+// holding it, and its connection, for as long as the caller's context
+// lasts (an http.Transport's has no deadline).
+func TestAPeerThatNeverAnswersTheHandshakeFailsTheDial(t *testing.T) {
+	old := peerDialTimeout
+	peerDialTimeout = 300 * time.Millisecond
+	t.Cleanup(func() { peerDialTimeout = old })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { conn.Close() })
+		}
+	}()
+	own := mustCA(t)
+	c := NewChecker(NewStaticSource(mustIssue(t, own, RoleServer, IssueOptions{Name: "node"})), nil)
+	done := make(chan error, 1)
+	go func() {
+		conn, err := c.DialPeer(context.Background(), "tcp", ln.Addr().String())
+		if conn != nil {
+			conn.Close()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("the dial of a silent peer succeeded")
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the dial of a peer that never answers its handshake is still waiting")
 	}
 }
