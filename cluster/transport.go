@@ -853,12 +853,14 @@ func (t *raftTransport) retry(id raft.ServerID, term uint64) bool {
 
 // unreached tells whether err means that a request did not reach its
 // server, or that the server went away while answering: nothing refused
-// it.
+// it. A stale address (it answers as another server, or as this one) did
+// not reach the server either: its new address may be known by the next
+// try.
 func unreached(err error) bool {
 	if errors.Is(err, ErrOtherIsland) || errors.Is(err, ErrOtherNode) {
 		return false
 	}
-	for _, e := range []error{syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.ECONNABORTED, syscall.EHOSTUNREACH,
+	for _, e := range []error{ErrOtherServer, ErrDialledSelf, syscall.ECONNREFUSED, syscall.ECONNRESET, syscall.ECONNABORTED, syscall.EHOSTUNREACH,
 		syscall.ENETUNREACH, syscall.EPIPE, syscall.ETIMEDOUT, io.EOF, io.ErrUnexpectedEOF, os.ErrDeadlineExceeded,
 		context.DeadlineExceeded, net.ErrClosed} {
 		if errors.Is(err, e) {

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -253,5 +254,19 @@ func TestRaftRefusesToDialItself(t *testing.T) {
 	}
 	if !errors.Is(err, ErrDialledSelf) {
 		t.Fatalf("dialling itself: %v, want ErrDialledSelf", err)
+	}
+}
+
+// A dial that reached another server, or this one, at a server's address
+// (an address it no longer has) did not reach that server: AppendEntries
+// tries again shortly, by when its new address may be known.
+func TestAStaleAddressCountsAsUnreached(t *testing.T) {
+	for _, err := range []error{ErrOtherServer, ErrDialledSelf} {
+		if !unreached(fmt.Errorf("cluster: dial 127.0.0.1:1: %w", err)) {
+			t.Errorf("%v does not count as unreached", err)
+		}
+	}
+	if unreached(fmt.Errorf("cluster: dial: %w", ErrOtherIsland)) {
+		t.Error("another island's server counts as unreached")
 	}
 }
