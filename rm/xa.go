@@ -96,8 +96,15 @@ func participant(p fsm.Participant) (string, string, error) {
 
 // NotTarget is the answer of island self to a request meant for island
 // target: txn_backend_mismatch naming self, so that the caller tries the
-// target's next endpoint.
+// target's next endpoint. A server that does not know its island's hash
+// yet (a new member still catching up) cannot tell: it answers 503
+// unavailable, to be asked again.
 func NotTarget(self, target string) *errcode.Error {
+	if self == "" {
+		e := errcode.Unavailable.With("this server does not know its island yet; retry")
+		e.RetryAfter = 1
+		return e
+	}
 	e := errcode.TxnBackendMismatch.With("this is island %s, not %s", self, target)
 	e.Island = self
 	return e

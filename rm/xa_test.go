@@ -84,3 +84,16 @@ func TestAPrepareExpiredBeforeItIsRecordedIsInvalidTTL(t *testing.T) {
 		t.Fatalf("the refused prepare recorded %+v", tr)
 	}
 }
+
+// A request meant for another island gets txn_backend_mismatch naming this
+// one, so that the caller tries that island's next endpoint; a server that
+// does not know its island yet answers 503 unavailable, to be asked again,
+// since it may be the island meant.
+func TestNotTargetNamesTheIslandOnlyWhenItKnowsIt(t *testing.T) {
+	if e := NotTarget("island-a", "island-b"); e.Code != errcode.TxnBackendMismatch.Code || e.Island != "island-a" {
+		t.Fatalf("island-a asked as island-b: %+v", e)
+	}
+	if e := NotTarget("", "island-b"); e.Code != errcode.Unavailable.Code || e.RetryAfter == 0 {
+		t.Fatalf("a server without its island's hash asked as island-b: %+v", e)
+	}
+}
