@@ -107,7 +107,7 @@ restart. --disable-mtls serves plain HTTP to anyone (development only).`,
 	f.BoolVar(&cfg.Pprof, "pprof", false, "serve Go's profiler (net/http/pprof) under /debug/pprof/ on the API address")
 	f.BoolVar(&cfg.DisableMTLS, "disable-mtls", false, "serve plain HTTP to anyone and run Raft and gossip unencrypted (development only; warned about at every start)")
 	f.StringVar(&cfg.Bundle, "bundle", "", "the node's server bundle (PEM: certificate, key, CA, gossip key); default <data-dir>/tls/server.pem, created with a new CA by the single-node default; SIGHUP reloads it")
-	f.BoolVar(&cfg.TCDisableAuth, "tc-disable-auth", false, "accept coordinator and resource-manager requests (/v1/txn/*, /v1/tc/*) without a certificate")
+	f.BoolVar(&cfg.TCDisableAuth, "tc-disable-auth", false, "accept coordinator and resource-manager requests (/v1/txn/*, /v1/tc/* but /v1/tc/cluster/leave and /v1/tc/trust) without a certificate")
 	f.DurationVar(&cfg.DefaultTTL, "default-ttl", cfg.DefaultTTL, "lease TTL when a request names none")
 	f.DurationVar(&cfg.MaxTTL, "max-ttl", cfg.MaxTTL, "longest TTL a lease may ask for")
 	f.DurationVar(&cfg.AcquireBlock, "acquire-block", cfg.AcquireBlock, "longest an acquire waits for a held lease (block_seconds=0 waits this long)")
