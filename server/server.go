@@ -200,6 +200,11 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 	if cfg.TCDisableAuth && !cfg.DisableMTLS {
 		log.Warn("TC authentication is disabled: the coordinator and resource-manager endpoints accept requests without a certificate")
 	}
+	if cfg.TxnRetention <= 2*fsm.TxnClockSkew {
+		log.Warn("the decision retention is short: another island's prepare or a decide naming this island's keys "+
+			"rolls back a transaction this island has no record of once it is older than the retention less a minute",
+			"tc_decision_retention", cfg.TxnRetention)
+	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
