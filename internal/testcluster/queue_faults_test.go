@@ -78,12 +78,7 @@ type qfHistory struct {
 //
 // The schedule is random; RAFTLOCKD_QFAULT_SEED=<seed> reruns one.
 func TestQueueUnderFaults(t *testing.T) {
-	seed := faultSeed(t, envQFaultSeed)
-	chaos := 15 * time.Second
-	if testing.Short() {
-		chaos = 6 * time.Second
-	}
-	rng := rand.New(rand.NewSource(seed))
+	seed, chaos, rng := faultSchedule(t, envQFaultSeed, 15*time.Second)
 
 	// Three nodes, or (for one seed in three, outside -short) five, of
 	// which two may be broken at once.
@@ -267,6 +262,18 @@ func faultSeed(t *testing.T, env string) int64 {
 		t.Fatalf("%s: %v", env, err)
 	}
 	return seed
+}
+
+// faultSchedule starts a randomized fault test's schedule: its seed (from
+// env when set), how long faults are injected (chaos, or 6 s with -short)
+// and the random source its choices come from.
+func faultSchedule(t *testing.T, env string, chaos time.Duration) (int64, time.Duration, *rand.Rand) {
+	t.Helper()
+	seed := faultSeed(t, env)
+	if testing.Short() {
+		chaos = 6 * time.Second
+	}
+	return seed, chaos, rand.New(rand.NewSource(seed))
 }
 
 // pause waits d or until ctx ends: pacing, not waiting for a condition.

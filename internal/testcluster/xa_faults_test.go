@@ -78,12 +78,7 @@ func (h *xfHistory) note(f func()) {
 //
 // The schedule is random; RAFTLOCKD_XA_FAULT_SEED=<seed> reruns one.
 func TestXAUnderFaults(t *testing.T) {
-	seed := faultSeed(t, envXAFaultSeed)
-	chaos := 12 * time.Second
-	if testing.Short() {
-		chaos = 6 * time.Second
-	}
-	rng := rand.New(rand.NewSource(seed))
+	seed, chaos, rng := faultSchedule(t, envXAFaultSeed, 12*time.Second)
 	t.Logf("seed %d: two islands of 3 nodes, faults for %s (rerun: %s=%d)", seed, chaos, envXAFaultSeed, seed)
 
 	fabric := faultnet.New()
