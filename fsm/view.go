@@ -120,7 +120,28 @@ func (v *View) MaxVoters() int { return int(u64(v.b(bucketMeta).Get(metaVoters))
 
 // Counts returns the number of leases held and of acquirers queued.
 func (v *View) Counts() (leases, waiters int) {
-	return v.b(bucketLeaseExp).Stats().KeyN, v.b(bucketWaiters).Stats().KeyN
+	leases = v.b(bucketLeaseExp).Stats().KeyN
+	// A prepared key's lease leaves the expiry index when it runs out, but
+	// the key stays held for the transaction until its coordinator decides;
+	// every prepared transaction is in txn_doubt.
+	exp := v.b(bucketLeaseExp)
+	c := v.b(bucketTxnDoubt).Cursor()
+	for tk, _ := c.First(); tk != nil; tk, _ = c.Next() {
+		_, id := splitTimer(tk)
+		t := v.txn(string(id))
+		if t == nil {
+			continue
+		}
+		locals(t.Participants, func(p Participant) bool {
+			k := keyOf(p.Namespace, p.Key)
+			rec := v.keyRecord(k)
+			if rec.Lease != nil && rec.Lease.TxnID == string(id) && exp.Get(timerKey(rec.Lease.ExpiresAt, k)) == nil {
+				leases++
+			}
+			return true
+		})
+	}
+	return leases, v.b(bucketWaiters).Stats().KeyN
 }
 
 // Hash digests every bucket's keys and values in order. Two nodes that

@@ -301,3 +301,39 @@ func TestAnIslandAddedInTheSameMillisecondStartsTheRetentionAgain(t *testing.T) 
 		}
 	}
 }
+
+// A prepared key held past its lease's expiry, waiting for its
+// coordinator, still counts as a lease held until the decision frees it.
+func TestCountsKeepPreparedLeasesPastTheirExpiry(t *testing.T) {
+	h := openHarness(t, t.TempDir())
+	h.one(&Command{Op: OpSetBackend, SetBackend: &SetBackendCmd{Hash: "here"}})
+	mustLease(t, h.one(acq("plain", "t0", "r0", 600_000, 0)))
+	prep := &Command{Op: OpTxnPrepare, Prepare: &PrepareCmd{TxnID: "t1", Home: "home", Term: 5, ExpiresAt: h.now + 10_000,
+		LeaseID: "p1", Participants: []Participant{local("a"), local("b")}}}
+	if r := h.one(prep); r.Err != nil || r.Decision != TxnPending {
+		t.Fatalf("prepare: %+v", r)
+	}
+	leases := func() int {
+		var n int
+		_ = h.f.View(func(v *View) error { n, _ = v.Counts(); return nil })
+		return n
+	}
+	if n := leases(); n != 3 {
+		t.Fatalf("leases held after the prepare: %d, want 3", n)
+	}
+	h.now += 20_000
+	h.one(sweep())
+	if tr := txnOf(h, "t1"); tr.State != TxnPending || tr.DoubtAt == 0 || tr.DoubtAt > h.now {
+		t.Fatalf("the prepared transaction must be in doubt: %+v", tr)
+	}
+	if n := leases(); n != 3 {
+		t.Fatalf("leases held while the prepared keys wait for their coordinator: %d, want 3", n)
+	}
+	r := h.one(&Command{Op: OpTxnRMApply, RMApply: &RMApplyCmd{TxnID: "t1", State: TxnRollback, Home: "home", Term: 5}})
+	if r.Err != nil {
+		t.Fatalf("rollback: %+v", r)
+	}
+	if n := leases(); n != 1 {
+		t.Fatalf("leases held after the decision: %d, want 1", n)
+	}
+}
