@@ -685,8 +685,8 @@ func (t *raftTransport) filter() {
 	for {
 		select {
 		case rpc := <-in:
+			t.noteCommit(rpc) // the leader's own, before clampCommit lowers it
 			clampCommit(rpc)
-			t.noteCommit(rpc)
 			if t.refuse(rpc) {
 				continue
 			}
@@ -721,9 +721,11 @@ func clampCommit(rpc raft.RPC) {
 	req.LeaderCommitIndex = min(req.LeaderCommitIndex, proven)
 }
 
-// noteCommit keeps the latest commit index a leader sent (as clampCommit
-// left it), or the index of a snapshot it installs: how far a server that
-// joins, or comes back, has to catch up.
+// noteCommit keeps the latest commit index a leader sent, or the index of
+// a snapshot it installs: how far a server that joins, or comes back, has
+// to catch up. It is the leader's, not what clampCommit lowers it to for
+// raft: a server far behind gets its entries a batch at a time, and each
+// batch proves no more than its last entry.
 func (t *raftTransport) noteCommit(rpc raft.RPC) {
 	var term, index uint64
 	switch req := rpc.Command.(type) {

@@ -270,3 +270,55 @@ func TestAStaleAddressCountsAsUnreached(t *testing.T) {
 		t.Error("another island's server counts as unreached")
 	}
 }
+
+// appendSender sends AppendEntries requests to recv as a leader's raft
+// does, and returns what raft at recv was handed of each.
+func appendSender(t *testing.T, recv *raftTransport) func(req *raft.AppendEntriesRequest) *raft.AppendEntriesRequest {
+	sender, err := raft.NewTCPTransport("127.0.0.1:0", nil, 2, 2*time.Second, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		sender.CloseStreams() // the pooled connections, which Close leaves open
+		sender.Close()
+	})
+	return func(req *raft.AppendEntriesRequest) *raft.AppendEntriesRequest {
+		t.Helper()
+		errc := make(chan error, 1)
+		go func() {
+			var resp raft.AppendEntriesResponse
+			errc <- sender.AppendEntries("n2", recv.LocalAddr(), req, &resp)
+		}()
+		var got *raft.AppendEntriesRequest
+		select {
+		case rpc := <-recv.Consumer():
+			got = rpc.Command.(*raft.AppendEntriesRequest)
+			rpc.Respond(&raft.AppendEntriesResponse{Term: req.Term, Success: true}, nil)
+		case <-time.After(5 * time.Second):
+			t.Fatal("the request did not reach raft")
+		}
+		if err := <-errc; err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+}
+
+// A follower far behind gets its missing entries a batch at a time: raft
+// is handed the commit index the batch proves (clampCommit), but how far
+// the follower has to catch up (noteCommit, /readyz) is the leader's.
+func TestAFollowerCatchingUpKnowsTheLeadersCommit(t *testing.T) {
+	recv := loopbackTransport(t)
+	send := appendSender(t, recv)
+	entries := make([]*raft.Log, 256)
+	for i := range entries {
+		entries[i] = &raft.Log{Index: uint64(101 + i), Term: 2, Type: raft.LogCommand}
+	}
+	handed := send(&raft.AppendEntriesRequest{Term: 2, PrevLogEntry: 100, PrevLogTerm: 2, Entries: entries, LeaderCommitIndex: 50_000})
+	if handed.LeaderCommitIndex != 356 {
+		t.Fatalf("raft is handed commit index %d, want the batch's last entry 356", handed.LeaderCommitIndex)
+	}
+	if got := recv.commit.Load(); got == nil || *got != (leaderCommit{term: 2, index: 50_000}) {
+		t.Fatalf("noted %+v, want the leader's commit index 50000 in term 2", got)
+	}
+}
