@@ -197,6 +197,7 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 		src.RunAs(id)
 	}
 	log = log.With("node", id)
+	warnExpiry(log, src, time.Now())
 	if cfg.TCDisableAuth && !cfg.DisableMTLS {
 		log.Warn("TC authentication is disabled: the coordinator and resource-manager endpoints accept requests without a certificate")
 	}
@@ -207,6 +208,9 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 	}
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	if src != nil {
+		reg.MustRegister(certExpiry(src))
+	}
 
 	waits := rm.NewWaits()
 	// The sweeper proposes through the node, and the node's state machine
@@ -537,6 +541,7 @@ func (s *Server) Reload() error {
 	}
 	s.log.Info("reloaded TLS bundle", "bundle", s.tls.Path(), "serial", auth.SerialOf(s.tls.Bundle().Cert),
 		"not_after", s.tls.Bundle().Cert.NotAfter)
+	warnExpiry(s.log, s.tls, time.Now())
 	return nil
 }
 

@@ -8,6 +8,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/raftlockd/raftlockd/auth"
 	"github.com/raftlockd/raftlockd/cluster"
@@ -80,4 +83,30 @@ func gossipAccept(src *auth.Source) [][]byte {
 		return nil
 	}
 	return src.Bundle().GossipAccept
+}
+
+// certWarnBefore is how long before the node's certificate expires a start
+// or a reload warns that it needs rotating: an expired certificate shuts
+// the node out of its cluster and its clients out of the node.
+const certWarnBefore = 30 * 24 * time.Hour
+
+// warnExpiry logs a warning when the certificate src serves expires within
+// certWarnBefore of now.
+func warnExpiry(log *slog.Logger, src *auth.Source, now time.Time) {
+	if src == nil {
+		return
+	}
+	c := src.Bundle().Cert
+	if left := c.NotAfter.Sub(now); left < certWarnBefore {
+		log.Warn("the node's certificate expires soon: rotate it (replace the bundle file, then SIGHUP)",
+			"bundle", src.Path(), "serial", auth.SerialOf(c), "not_after", c.NotAfter, "left", left.Round(time.Minute))
+	}
+}
+
+// certExpiry is the gauge of when the certificate src serves expires,
+// read at every scrape, so that it follows reloads.
+func certExpiry(src *auth.Source) prometheus.Collector {
+	return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "raftlockd_tls_certificate_expiry_timestamp_seconds",
+		Help: "When the certificate of this node's bundle expires (Unix time)."},
+		func() float64 { return float64(src.Bundle().Cert.NotAfter.Unix()) })
 }
