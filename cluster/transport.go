@@ -725,11 +725,15 @@ func clampCommit(rpc raft.RPC) {
 // a snapshot it installs: how far a server that joins, or comes back, has
 // to catch up. It is the leader's, not what clampCommit lowers it to for
 // raft: a server far behind gets its entries a batch at a time, and each
-// batch proves no more than its last entry.
+// batch proves no more than its last entry. Raft's heartbeats carry no
+// commit index and leave it as it is.
 func (t *raftTransport) noteCommit(rpc raft.RPC) {
 	var term, index uint64
 	switch req := rpc.Command.(type) {
 	case *raft.AppendEntriesRequest:
+		if req.LeaderCommitIndex == 0 {
+			return // a heartbeat, which carries no commit index, or a cluster that committed nothing yet
+		}
 		term, index = req.Term, req.LeaderCommitIndex
 	case *raft.InstallSnapshotRequest:
 		term, index = req.Term, req.LastLogIndex

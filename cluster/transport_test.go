@@ -322,3 +322,25 @@ func TestAFollowerCatchingUpKnowsTheLeadersCommit(t *testing.T) {
 		t.Fatalf("noted %+v, want the leader's commit index 50000 in term 2", got)
 	}
 }
+
+// A heartbeat carries no commit index (raft sends it as an AppendEntries
+// request with none): a server that restarted and so far only heard
+// heartbeats does not know how far the leader is, and one that knew keeps
+// what it knew.
+func TestAHeartbeatTellsNothingOfTheLeadersCommit(t *testing.T) {
+	recv := loopbackTransport(t)
+	send := appendSender(t, recv)
+	// What raft's heartbeat sends.
+	heartbeat := func(term uint64) *raft.AppendEntriesRequest {
+		return &raft.AppendEntriesRequest{Term: term, Leader: []byte("leader")}
+	}
+	send(heartbeat(3))
+	if got := recv.commit.Load(); got != nil {
+		t.Fatalf("after a heartbeat only: noted %+v, want nothing", got)
+	}
+	send(&raft.AppendEntriesRequest{Term: 3, PrevLogEntry: 900, PrevLogTerm: 3, LeaderCommitIndex: 900})
+	send(heartbeat(4))
+	if got := recv.commit.Load(); got == nil || *got != (leaderCommit{term: 3, index: 900}) {
+		t.Fatalf("after a heartbeat of a newer term: noted %+v, want {3 900}", got)
+	}
+}
