@@ -141,16 +141,26 @@ const formatV12 = 12
 // it alone. It is framed as formatV1.
 const formatV13 = 13
 
+// formatV14 is the first byte of a command only builds of entry format 14
+// apply: a sweep that raises the island's rules to format 14, from which on
+// a commit another island's coordinator sends for a transaction the island
+// has no record of, naming its participants, rolls the transaction back as
+// a prepare of it would (forgotten) instead of recording the commit. It is
+// framed as formatV1.
+const formatV14 = 14
+
 // EntryFormat is the newest entry format this build applies. Nodes announce
 // it; a leader packs commands, and a server proposes drop_waits, prune
 // passes that keep the tip and forget_keys, only when every server
 // announces it (gossip); an entry of a newer format stops the node (apply).
-const EntryFormat = formatV13
+const EntryFormat = formatV14
 
 // format is the first byte of c's encoding: the oldest entry format whose
 // builds apply c as this one does.
 func (c *Command) format() byte {
 	switch {
+	case c.Sweep != nil && c.Sweep.Format >= formatV14:
+		return formatV14
 	case c.Sweep != nil && c.Sweep.Format >= formatV13:
 		return formatV13
 	case c.Sweep != nil && c.Sweep.Format >= formatV12:

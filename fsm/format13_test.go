@@ -18,9 +18,7 @@ import (
 // committed nothing here.
 func TestAnIslandRollsBackATransactionItMayHaveForgotten(t *testing.T) {
 	for _, rules := range []int{formatV12, formatV13} {
-		h := openHarness(t, t.TempDir())
-		h.one(&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, TxnRetention: 600_000, Format: rules}})
-		h.one(&Command{Op: OpSetBackend, SetBackend: &SetBackendCmd{Hash: "here"}})
+		h := islandHarness(t, rules)
 		minted := func(at int64) string { return xid.NewWithTime(time.UnixMilli(at)).String() }
 		prepare := func(txn, key string) *Result {
 			return h.one(&Command{Op: OpTxnPrepare, Prepare: &PrepareCmd{TxnID: txn, Home: "far", Term: 1,
@@ -83,6 +81,15 @@ func TestAnIslandRollsBackATransactionItMayHaveForgotten(t *testing.T) {
 	}
 }
 
+// islandHarness is a harness of the island "here" under the rules of
+// format rules, with a retention of ten minutes.
+func islandHarness(t *testing.T, rules int) *harness {
+	h := openHarness(t, t.TempDir())
+	h.one(&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, TxnRetention: 600_000, Format: rules}})
+	h.one(&Command{Op: OpSetBackend, SetBackend: &SetBackendCmd{Hash: "here"}})
+	return h
+}
+
 func (h *harness) txn(id string) *TxnRecord {
 	var t *TxnRecord
 	_ = h.f.View(func(v *View) error { t = v.Txn(id); return nil })
@@ -93,9 +100,7 @@ func (h *harness) txn(id string) *TxnRecord {
 // island knew until the restore and has no record of afterwards is rolled
 // back when it is prepared, as one it forgot by retention is.
 func TestARestoredIslandRollsBackATransactionTheBackupDoesNotHold(t *testing.T) {
-	h := openHarness(t, t.TempDir())
-	h.one(&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, TxnRetention: 600_000, Format: formatV13}})
-	h.one(&Command{Op: OpSetBackend, SetBackend: &SetBackendCmd{Hash: "here"}})
+	h := islandHarness(t, formatV13)
 	backup := snapshotFile(t, h)
 
 	h.now += 5 * 60_000

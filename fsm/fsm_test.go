@@ -936,7 +936,9 @@ func TestMalformedEntriesAreRejectedDeterministically(t *testing.T) {
 		{sweep(), formatV12},
 		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV12}}, formatV11},
 		{sweep(), formatV13},
-		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV13}}, formatV12}} {
+		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV13}}, formatV12},
+		{sweep(), formatV14},
+		{&Command{Op: OpSweep, Sweep: &SweepCmd{Limit: 1, Format: formatV14}}, formatV13}} {
 		data, err := Encode(c.cmd)
 		if err != nil {
 			t.Fatal(err)

@@ -688,6 +688,10 @@ func (s *applyState) txnRMApply(c *RMApplyCmd) *Result {
 	if t != nil && t.Home != "" && t.Home != c.Home {
 		return fail(errcode.TxnBackendMismatch.With("transaction %s is coordinated by island %s", c.TxnID, t.Home))
 	}
+	// A commit of a transaction the island may have forgotten is refused,
+	// and rolled back as a prepare of it would be: the transaction may
+	// have held the participants here and rolled back (format 14).
+	forgot := c.State == TxnCommit && s.rules() >= formatV14 && s.forgotten(c.TxnID, t, ps)
 	if t == nil {
 		t = &TxnRecord{State: TxnPending, CreatedAt: s.now}
 	}
@@ -695,6 +699,10 @@ func (s *applyState) txnRMApply(c *RMApplyCmd) *Result {
 	mergeParticipants(t, ps)
 	t.Home, t.TCTerm = c.Home, c.Term
 	s.storeTxn(c.TxnID, t)
+	if forgot {
+		s.decideFinal(c.TxnID, false, ReasonPresumedAbort, forgottenDetail)
+		return fail(decidedErr(s.txn(c.TxnID)))
+	}
 	s.decideFinal(c.TxnID, c.State == TxnCommit, ReasonTC, "")
 	return s.decided(c.TxnID)
 }
