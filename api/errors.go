@@ -86,6 +86,7 @@ var statusOf = map[string]int{
 	errcode.TxnLockConflict.Code:      http.StatusConflict,
 	errcode.TxnNotHome.Code:           http.StatusConflict,
 	errcode.TxnCoordinated.Code:       http.StatusConflict,
+	errcode.TxnOutcomeMixed.Code:      http.StatusConflict,
 	errcode.QueueEmpty.Code:           http.StatusConflict,
 	errcode.QueueLeaseMismatch.Code:   http.StatusConflict,
 	errcode.TxnFanoutFailed.Code:      http.StatusBadGateway,

@@ -263,7 +263,7 @@ func (h *handler) txnStatus(w http.ResponseWriter, r *http.Request) error {
 	writeJSON(w, http.StatusOK, wire.TxnStatusResponse{TxnID: info.TxnID, State: info.State, Reason: info.Reason,
 		Detail: info.Detail, BackendHash: self, TCBackendHash: info.Home, TCTerm: info.TCTerm,
 		ExpiresAtUnix: unixSeconds(info.ExpiresAt), Participants: participantsOut(info.Participants, self),
-		Prepared: info.Prepared, Acked: info.Acked})
+		Prepared: info.Prepared, Acked: info.Acked, Refused: info.Refused})
 	return nil
 }
 

@@ -202,6 +202,7 @@ var (
 	TxnNotHome         = code("txn_not_home")         // this island is a resource manager, not the coordinator
 	TxnCoordinated     = code("txn_coordinated")      // the transaction spans islands; its coordinator decides it
 	TxnFanoutFailed    = code("txn_fanout_failed")    // decision recorded, but an island did not apply it yet
+	TxnOutcomeMixed    = code("txn_outcome_mixed")    // decision recorded, but an island had decided the other way
 	TCRMReplication    = code("tc_rm_replication_failed")
 	TxnUnreachable     = code("txn_island_unreachable") // an island of the transaction did not answer; retry
 )

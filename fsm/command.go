@@ -145,8 +145,9 @@ const formatV13 = 13
 // apply: a sweep that raises the island's rules to format 14, from which on
 // a commit another island's coordinator sends for a transaction the island
 // has no record of, naming its participants, rolls the transaction back as
-// a prepare of it would (forgotten) instead of recording the commit. It is
-// framed as formatV1.
+// a prepare of it would (forgotten) instead of recording the commit, and
+// an acknowledgement notes the islands that had decided the transaction
+// the other way (AckCmd.Refused). It is framed as formatV1.
 const formatV14 = 14
 
 // EntryFormat is the newest entry format this build applies. Nodes announce

@@ -1,6 +1,7 @@
 package fsm
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -61,5 +62,31 @@ func TestAnIslandRefusesTheCommitOfATransactionItMayHaveForgotten(t *testing.T) 
 			t.Fatalf("rules %d: k holds %q", rules, got.Bytes)
 		}
 		checkInvariants(t, h)
+	}
+}
+
+// Entry format 14: an acknowledgement notes the islands that had decided
+// the transaction the other way (AckCmd.Refused) on the record; before,
+// it noted them as having applied the decision alone.
+func TestAnAcknowledgementNotesTheIslandsThatRefused(t *testing.T) {
+	for _, rules := range []int{formatV13, formatV14} {
+		h := islandHarness(t, rules)
+		txn := xid.NewWithTime(time.UnixMilli(h.now)).String()
+		r := h.one(&Command{Op: OpTxnDecide, Decide: &DecideCmd{TxnID: txn, State: TxnCommit, Prepared: []string{"b", "c"},
+			Participants: []Participant{{Namespace: "default", Key: "kb", Backend: "b"}, {Namespace: "default", Key: "kc", Backend: "c"}}}})
+		if r.Err != nil || r.Decision != TxnCommit {
+			t.Fatalf("rules %d: commit: %+v (%v)", rules, r.Txn, r.Err)
+		}
+		r = h.one(&Command{Op: OpTxnAck, Ack: &AckCmd{TxnID: txn, Backends: []string{"b", "c"}, Refused: []string{"c", "d"}}})
+		if r.Err != nil || !slices.Equal(r.Txn.Acked, []string{"b", "c"}) {
+			t.Fatalf("rules %d: ack: %+v (%v)", rules, r.Txn, r.Err)
+		}
+		want := []string(nil)
+		if rules >= formatV14 {
+			want = []string{"c"}
+		}
+		if got := h.txn(txn).Refused; !slices.Equal(got, want) {
+			t.Fatalf("rules %d: refused %v, want %v", rules, got, want)
+		}
 	}
 }

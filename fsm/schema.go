@@ -144,8 +144,12 @@ type TxnRecord struct {
 	StagedUntil  int64         `json:"staged_until,omitempty"` // the latest staged enqueue's hold on the transaction
 	Prepared     []string      `json:"prepared,omitempty"`
 	Acked        []string      `json:"acked,omitempty"`
-	ReopenedAt   int64         `json:"reopened_at,omitempty"` // islands were added after every island had applied the decision
-	DoneAt       int64         `json:"done_at,omitempty"`     // every island had applied the decision (rules of format 8 on)
+	// Refused lists the islands among Acked that had decided the
+	// transaction the other way before they were told the decision (rules
+	// of format 14 on).
+	Refused    []string `json:"refused,omitempty"`
+	ReopenedAt int64    `json:"reopened_at,omitempty"` // islands were added after every island had applied the decision
+	DoneAt     int64    `json:"done_at,omitempty"`     // every island had applied the decision (rules of format 8 on)
 }
 
 // retainedPast reports whether the retention of t, decided and applied

@@ -177,10 +177,13 @@ type RMApplyCmd struct {
 	Participants []Participant `json:"participants,omitempty"`
 }
 
-// AckCmd notes the islands that applied this TC's decision.
+// AckCmd notes the islands that applied this TC's decision, or (Refused,
+// among Backends) had decided the transaction the other way themselves, so
+// that nothing can change what they hold for it.
 type AckCmd struct {
 	TxnID    string   `json:"txn"`
 	Backends []string `json:"backends"`
+	Refused  []string `json:"refused,omitempty"`
 }
 
 // RMRegisterCmd adds (or with Remove drops) an RM endpoint of an island.
@@ -209,12 +212,13 @@ type TxnInfo struct {
 	Participants []Participant `json:"participants,omitempty"`
 	Prepared     []string      `json:"prepared,omitempty"`
 	Acked        []string      `json:"acked,omitempty"`
+	Refused      []string      `json:"refused,omitempty"`
 }
 
 func txnInfo(id string, t *TxnRecord) *TxnInfo {
 	return &TxnInfo{TxnID: id, State: t.State, Reason: t.Reason, Detail: t.Detail, Home: t.Home, TCTerm: t.TCTerm,
 		ExpiresAt: t.ExpiresAt, Participants: slices.Clone(t.Participants), Prepared: slices.Clone(t.Prepared),
-		Acked: slices.Clone(t.Acked)}
+		Acked: slices.Clone(t.Acked), Refused: slices.Clone(t.Refused)}
 }
 
 // Remotes returns the islands other than this one that hold participants,
@@ -723,6 +727,9 @@ func (s *applyState) txnAck(c *AckCmd) *Result {
 	for _, b := range c.Backends {
 		if slices.Contains(t.Remotes(), b) {
 			t.Acked = mergeSet(t.Acked, b)
+			if slices.Contains(c.Refused, b) && s.rules() >= formatV14 {
+				t.Refused = mergeSet(t.Refused, b)
+			}
 		}
 	}
 	if len(t.Unacked()) == 0 {

@@ -298,9 +298,11 @@ func (c *Coordinator) Decide(ctx context.Context, d Decision) (*fsm.TxnInfo, err
 			// A retry after txn_fanout_failed sends the decision again
 			// to the islands still missing it, and says whether they
 			// have it now.
-			return c.fanoutAgain(ctx, info)
+			if info, err = c.fanoutAgain(ctx, info); err != nil {
+				return info, err
+			}
 		}
-		return info, nil
+		return info, mixed(info)
 	}
 	if unknown != nil {
 		return nil, unknown
@@ -371,7 +373,7 @@ func (c *Coordinator) unknownIsland(v *fsm.View, ps []fsm.Participant) error {
 func (c *Coordinator) answer(rec *fsm.TxnRecord, want string) (*fsm.TxnInfo, error) {
 	info := recordInfo(rec)
 	if rec.State == want {
-		return info, nil
+		return info, mixed(info)
 	}
 	return nil, outcomeErr(info)
 }
@@ -394,7 +396,7 @@ func outcomeErr(info *fsm.TxnInfo) error {
 
 func recordInfo(t *fsm.TxnRecord) *fsm.TxnInfo {
 	return &fsm.TxnInfo{TxnID: t.ID, State: t.State, Reason: t.Reason, Detail: t.Detail, Home: t.Home, TCTerm: t.TCTerm,
-		ExpiresAt: t.ExpiresAt, Participants: t.Participants, Prepared: t.Prepared, Acked: t.Acked}
+		ExpiresAt: t.ExpiresAt, Participants: t.Participants, Prepared: t.Prepared, Acked: t.Acked, Refused: t.Refused}
 }
 
 func withBackend(ps []fsm.Participant, self string) []fsm.Participant {
@@ -599,6 +601,9 @@ func (c *Coordinator) finish(ctx context.Context, d Decision, reason, detail str
 		// say the commit was recorded. The resolver sends it to the islands
 		// still missing it.
 		return info, outcomeErr(info)
+	}
+	if err == nil {
+		err = mixed(info)
 	}
 	return info, err
 }

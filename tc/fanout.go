@@ -134,7 +134,9 @@ func (r *refusal) Unwrap() error { return r.err }
 // and records which did; the settled islands hold nothing for it and are
 // recorded without being sent anything. It answers txn_fanout_failed when
 // an island is still missing after the retries; the decision stays
-// recorded and the leader's resolver keeps replaying it.
+// recorded and the leader's resolver keeps replaying it. An island that
+// had decided the transaction the other way counts as done, and is noted
+// in info.Refused (mixed).
 func (c *Coordinator) fanout(ctx context.Context, info *fsm.TxnInfo, settled ...string) error {
 	if info.State == fsm.TxnPending || info.Home != "" {
 		return nil
@@ -163,30 +165,52 @@ func (c *Coordinator) fanout(ctx context.Context, info *fsm.TxnInfo, settled ...
 			return err
 		})
 	})
+	var refused []string
 	for _, b := range todo {
 		if e := envelope(errs[b]); e != nil && (e.Code == errcode.TxnCommitted.Code || e.Code == errcode.TxnRolledBack.Code) {
 			// The island decided the transaction itself, before it was
-			// prepared (a local release): nothing can change that, and
-			// replaying would not end.
+			// prepared (a local release, a lease that expired there, a
+			// transaction it forgot): nothing can change that, and
+			// replaying would not end. It is recorded as refused, and
+			// the decision answers that the outcome is mixed.
 			c.cfg.Logger.Error("an island decided a transaction against its coordinator's decision",
 				"txn", info.TxnID, "island", b, "decision", info.State, "error", e)
 			delete(errs, b)
+			refused = append(refused, b)
 		}
 		if errs[b] == nil {
 			acked = append(acked, b)
 		}
 	}
 	if len(acked) > 0 {
-		res, err := c.store.Propose(ctx, &fsm.Command{Op: fsm.OpTxnAck, Ack: &fsm.AckCmd{TxnID: info.TxnID, Backends: acked}})
+		res, err := c.store.Propose(ctx, &fsm.Command{Op: fsm.OpTxnAck, Ack: &fsm.AckCmd{TxnID: info.TxnID, Backends: acked,
+			Refused: refused}})
 		if err != nil {
 			return err
 		}
-		info.Acked = res.Txn.Acked
+		// Before the island follows format 14 the record does not keep
+		// the refusals: this answer still reports them.
+		info.Acked, info.Refused = res.Txn.Acked, slices.Compact(slices.Sorted(slices.Values(append(res.Txn.Refused, refused...))))
 	}
 	if len(errs) > 0 {
 		return errcode.TxnFanoutFailed.With("transaction %s is %s, but not applied everywhere yet: %s", info.TxnID, info.State, describe(errs))
 	}
 	return nil
+}
+
+// mixed reports a decision that some island had decided the other way
+// before it was told (info.Refused): the transaction's outcome differs
+// between its islands.
+func mixed(info *fsm.TxnInfo) error {
+	if len(info.Refused) == 0 {
+		return nil
+	}
+	other := fsm.TxnRollback
+	if info.State == fsm.TxnRollback {
+		other = fsm.TxnCommit
+	}
+	return errcode.TxnOutcomeMixed.With("transaction %s is %s, but island %s had decided it %s before it was told",
+		info.TxnID, info.State, strings.Join(info.Refused, ", "), other)
 }
 
 // fanoutQuietly fans a decision out without reporting failures: the

@@ -75,3 +75,54 @@ func TestACommitNamingAnIslandThatForgotTheTransactionRollsBack(t *testing.T) {
 		})
 	}
 }
+
+// A transaction committed naming only some of its islands, and then named
+// with the rest, is not reported committed when one of those had rolled
+// its part back before it was told the commit (its lease there expired),
+// whether that island still has the rollback on record or forgot it since:
+// the commit answers 409 txn_outcome_mixed, again when it is repeated, and
+// the island keeps its rollback.
+func TestACommitThatReachesAnIslandThatRolledBackSaysSo(t *testing.T) {
+	for _, forgets := range []bool{false, true} {
+		t.Run(map[bool]string{false: "rolled back", true: "forgotten"}[forgets], func(t *testing.T) {
+			a := startIsland(t, "a", shortRetention)
+			var b *island
+			if forgets {
+				b = startIsland(t, "b", shortRetention)
+			} else {
+				b = startIsland(t, "b")
+			}
+			register(t, a, b)
+			txn := xid.New().String()
+			stage(t, acquireTTL(t, a.client(), "kept", txn, 60), `{"v":1}`)
+			stage(t, acquireTTL(t, b.client(), "gone", txn, 1), `{"v":1}`)
+			if forgets {
+				forgotten(t, b, txn)
+			} else {
+				testutil.WaitFor(t, 10*time.Second, "b to roll the transaction back as expired", func() bool {
+					r := b.record(txn)
+					return r != nil && r.State == fsm.TxnRollback
+				})
+			}
+			ctx := context.Background()
+			if _, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateCommit,
+				Participants: []wire.TxnParticipant{part("kept", a)}}); err != nil {
+				t.Fatalf("commit on a: %v", err)
+			}
+			for i := range 2 {
+				out, err := a.client().TxnDecide(ctx, wire.TxnDecisionRequest{TxnID: txn, State: wire.TxnStateCommit,
+					Participants: []wire.TxnParticipant{part("kept", a), part("gone", b)}})
+				if err == nil {
+					t.Fatalf("commit naming b (%d): answered %+v while b rolled the transaction back", i, out)
+				}
+				wantCode(t, err, http.StatusConflict, "txn_outcome_mixed")
+			}
+			if r := b.record(txn); r == nil || r.State != fsm.TxnRollback {
+				t.Errorf("b's record: %+v", r)
+			}
+			if got := publicDoc(t, b.client(), "gone"); got != "" {
+				t.Errorf("gone on b: %q", got)
+			}
+		})
+	}
+}

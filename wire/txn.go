@@ -66,6 +66,7 @@ type TxnStatusResponse struct {
 	Participants  []TxnParticipant `json:"participants"`
 	Prepared      []string         `json:"prepared,omitempty"` // islands that prepared
 	Acked         []string         `json:"acked,omitempty"`    // islands that applied the decision
+	Refused       []string         `json:"refused,omitempty"`  // of those, islands that had decided it the other way
 }
 
 // TCRMRegisterRequest is the body of POST /v1/tc/rm/register.

@@ -160,6 +160,9 @@ func txnStatusTable(w io.Writer, out *wire.TxnStatusResponse) {
 	if len(out.Acked) > 0 {
 		fmt.Fprintf(w, "applied\t%s\n", strings.Join(out.Acked, ","))
 	}
+	if len(out.Refused) > 0 {
+		fmt.Fprintf(w, "refused\t%s\n", strings.Join(out.Refused, ","))
+	}
 }
 
 // newRMCmd is `raftlockd tc rm register|unregister|list`.
