@@ -11,13 +11,18 @@ import (
 
 // HTTPRemote reaches other islands' HTTP APIs with the Go client, one
 // client per endpoint over a shared transport. Retries are the
-// coordinator's business, so the clients make a single attempt.
+// coordinator's business, so the clients make a single attempt. It keeps
+// at most maxRemoteClients clients: endpoints come and go with the
+// registry, and a client is cheap to make again.
 type HTTPRemote struct {
 	HTTP *http.Client // nil: a default client
 
 	mu      sync.Mutex
 	clients map[string]*client.Client
 }
+
+// maxRemoteClients bounds the clients an HTTPRemote keeps.
+const maxRemoteClients = 256
 
 func (h *HTTPRemote) client(endpoint string) (*client.Client, error) {
 	h.mu.Lock()
@@ -35,6 +40,12 @@ func (h *HTTPRemote) client(endpoint string) (*client.Client, error) {
 	}
 	if h.clients == nil {
 		h.clients = map[string]*client.Client{}
+	}
+	for ep := range h.clients {
+		if len(h.clients) < maxRemoteClients {
+			break
+		}
+		delete(h.clients, ep)
 	}
 	h.clients[endpoint] = c
 	return c, nil
