@@ -185,6 +185,9 @@ func (n *Node) Endpoints() ([]string, time.Time, error) {
 	endpoints := []string{}
 	for _, s := range servers {
 		if m, ok := members[string(s.ID)]; ok && m.Status == "alive" && m.API != "" {
+			if ep, err := NormalizeEndpoint(m.API); err == nil {
+				m.API = ep
+			}
 			endpoints = append(endpoints, m.API)
 		}
 	}
@@ -196,15 +199,20 @@ func (n *Node) Endpoints() ([]string, time.Time, error) {
 }
 
 // NormalizeEndpoint checks that ep is an http(s) URL of a server and returns
-// it in the form the members publish (lower-case scheme and host, no
-// trailing slash); anything else is invalid_endpoint.
+// it in the form the members publish (lower-case scheme and host, without
+// the scheme's default port, no trailing slash), so that https://h and
+// https://h:443 are one endpoint; anything else is invalid_endpoint.
 func NormalizeEndpoint(ep string) (string, error) {
 	u, err := url.Parse(strings.TrimSpace(ep))
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Hostname() == "" || u.User != nil ||
 		u.RawQuery != "" || u.Fragment != "" || strings.Trim(u.Path, "/") != "" || !validPort(u.Port()) {
 		return "", errcode.InvalidEndpoint.With("%q is not the http(s) URL of a server", ep)
 	}
-	return strings.ToLower(u.Scheme) + "://" + strings.ToLower(u.Host), nil
+	scheme, host := strings.ToLower(u.Scheme), strings.ToLower(u.Host)
+	if port := u.Port(); port == "443" && scheme == "https" || port == "80" && scheme == "http" {
+		host = strings.TrimSuffix(host, ":"+port)
+	}
+	return scheme + "://" + host, nil
 }
 
 // validPort reports whether port is empty (the scheme's) or 1-65535.

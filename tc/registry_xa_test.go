@@ -148,3 +148,30 @@ func TestAReleaseIsNotDecidedByAnotherIsland(t *testing.T) {
 		t.Fatalf("island c decided another island's transaction: %+v", r)
 	}
 }
+
+// An endpoint given with its scheme's default port is the endpoint
+// without it: registering https://H.example:443/ lists https://h.example,
+// and unregistering https://h.example or https://h.example:443 removes it.
+func TestAnEndpointWithItsDefaultPortIsTheSameEndpoint(t *testing.T) {
+	a := startIsland(t, "a")
+	ctx := context.Background()
+	registerAt(t, a, "zz", "https://H.example:443/")
+	registerAt(t, a, "zz", "https://g.example")
+	list, err := a.client().RMList(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range list.Backends {
+		if e.BackendHash == "zz" && (len(e.Endpoints) != 2 || e.Endpoints[0] != "https://g.example" || e.Endpoints[1] != "https://h.example") {
+			t.Fatalf("zz's endpoints: %v", e.Endpoints)
+		}
+	}
+	for _, ep := range []string{"https://h.example", "https://g.example:443"} {
+		if _, err := a.client().RMRegister(ctx, wire.TCRMRegisterRequest{BackendHash: "zz", Endpoint: ep}, true); err != nil {
+			t.Fatalf("unregister %s: %v", ep, err)
+		}
+	}
+	if registryHas(t, a, "zz") {
+		t.Fatal("zz is still registered")
+	}
+}
