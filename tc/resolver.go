@@ -4,6 +4,7 @@ import (
 	"context"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -305,6 +306,19 @@ func (c *Coordinator) Register(ctx context.Context, ch fsm.RMRegisterCmd) (fsm.R
 	if err != nil {
 		return fsm.RMInfo{}, errcode.TCRMReplication.With("reading the registry: %v", err)
 	}
+	if legacy := withDefaultPort(ch.Endpoint); slices.Contains(all[ch.Backend].Endpoints, legacy) {
+		// The endpoint as older servers recorded it, with its scheme's
+		// default port: the change is of that one endpoint, so the old
+		// spelling goes. Only here: another island passed this change
+		// drops its own old spelling the same way.
+		drop := fsm.RMRegisterCmd{Backend: ch.Backend, Endpoint: legacy, Remove: true}
+		if _, err := c.store.Propose(ctx, &fsm.Command{Op: fsm.OpRMRegister, RMRegister: &drop}); err != nil {
+			return fsm.RMInfo{}, errcode.TCRMReplication.With("removing %s, recorded in another spelling: %v", legacy, err)
+		}
+		if rms, all, err = c.registry(ctx); err != nil {
+			return fsm.RMInfo{}, errcode.TCRMReplication.With("reading the registry: %v", err)
+		}
+	}
 	info := fsm.RMInfo{Backend: ch.Backend, Entry: all[ch.Backend]}
 	if _, changes := info.Entry.Apply(ch, c.clock.Now().UnixMilli()); changes {
 		res, err := c.store.Propose(ctx, &fsm.Command{Op: fsm.OpRMRegister, RMRegister: &ch})
@@ -515,4 +529,14 @@ func changesOf(backend string, e fsm.RMEntry, onlyRemovals bool) []wireChange {
 func isReplicationPartial(err error) bool {
 	e := envelope(unwrapEnvelope(err))
 	return e != nil && e.Code == errcode.TCRMReplication.Code
+}
+
+// withDefaultPort is endpoint ep (normalized: without its scheme's default
+// port) spelled with that port, as servers recorded it before endpoints
+// were normalized so.
+func withDefaultPort(ep string) string {
+	if strings.HasPrefix(ep, "https://") {
+		return ep + ":443"
+	}
+	return ep + ":80"
 }
