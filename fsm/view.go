@@ -29,6 +29,16 @@ func (v *View) Delivering(ns, queue, id, leaseID string) bool {
 	return m.Lease != nil && m.Lease.ID == leaseID
 }
 
+// DeliveryOver reports whether this state records the end of the delivery
+// of message id under leaseID (for the decision retention): false both for
+// a delivery that goes on and for one this state has not seen begin.
+func (v *View) DeliveryOver(ns, queue, id, leaseID string) bool {
+	if id == "" || leaseID == "" || validQueue(ns, queue) != nil {
+		return false
+	}
+	return v.b(bucketQEnded).Get(endedKey(msgKey(ns, queue, id), leaseID)) != nil
+}
+
 // DeliveryEnd returns where the delivery r names went when it ended (back
 // in its queue, to the dead-letter queue, dropped for its time to live), as
 // the nack that ended it answers, and whether its end is recorded (for the

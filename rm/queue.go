@@ -553,11 +553,14 @@ func (q *Queues) WatchDelivery(ctx context.Context, ns, queue, id, leaseID strin
 	// Registered first: an end applied after this read is heard of. The
 	// read is linearizable: a follower the leader handed the delivery to
 	// may not have applied it yet, and would take it for ended. Without a
-	// leader to confirm the read, this server's state is all there is.
+	// leader to confirm the read, this server's state is all there is: the
+	// delivery has ended only when the state records its end, since one
+	// this server has not applied yet is missing from it as well (its end,
+	// when it comes, is applied after it and heard of).
 	held, err := q.Delivering(ctx, ns, queue, id, leaseID)
 	if err != nil && ctx.Err() == nil {
 		err = q.store.ReadStale(ctx, func(v *fsm.View) error {
-			held = v.Delivering(ns, queue, id, leaseID)
+			held = v.Delivering(ns, queue, id, leaseID) || !v.DeliveryOver(ns, queue, id, leaseID)
 			return nil
 		})
 	}

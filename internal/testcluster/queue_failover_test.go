@@ -200,17 +200,9 @@ func TestASubscriptionOnAFollowerKeepsToItsPageSize(t *testing.T) {
 // another server. The delivery it held was acked through the leader
 // meanwhile; the next message reaches it.
 func TestASubscriptionOnACutOffFollowerMovesOn(t *testing.T) {
-	c := Start(t, 3)
-	leader := c.WaitLeader(10 * time.Second)
-	at := others(c, leader)[0]
+	c, leader, at, lc := twoMessagesAndAFollower(t, "cutoff")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	lc := c.RetryingClient(leader)
-	for _, p := range []string{"a", "b"} {
-		if _, err := lc.Enqueue(ctx, wire.EnqueueRequest{Queue: "cutoff"}, []byte(p)); err != nil {
-			t.Fatal(err)
-		}
-	}
 	sub, err := client.New(c.URL(at)+","+c.URL(leader), client.WithRetry(15*time.Second), client.WithHTTPClient(c.HTTPClient("client")))
 	if err != nil {
 		t.Fatal(err)
@@ -226,15 +218,11 @@ func TestASubscriptionOnACutOffFollowerMovesOn(t *testing.T) {
 	}()
 	receive := func() *client.Delivery {
 		t.Helper()
-		select {
-		case d := <-got:
-			return d
-		case err := <-done:
-			t.Fatalf("the subscription ended: %v", err)
-		case <-ctx.Done():
+		d := receiveWithin(t, got, done, 25*time.Second)
+		if d == nil {
 			t.Fatal("nothing received")
 		}
-		return nil
+		return d
 	}
 	first := receive()
 	if string(first.Payload) != "a" {
@@ -260,4 +248,99 @@ func TestASubscriptionOnACutOffFollowerMovesOn(t *testing.T) {
 	}
 	cancel()
 	<-done
+}
+
+// A subscription on a follower that is cut off from the leader right after
+// the leader answered its dequeue, before the follower applied the delivery,
+// keeps to its page: without a leader to confirm the delivery, the
+// follower's own state does not show it yet, and that is no end of it. The
+// follower learns of the delivery only slowly (its link to the leader is
+// slow and the log ahead of the delivery large), and is cut off as soon as
+// the subscriber has the delivery; once the cluster heals, the next message
+// comes only after the first is acked.
+func TestASubscriptionOnAFollowerCutOffBeforeApplyingItsDeliveryKeepsToItsPageSize(t *testing.T) {
+	c, leader, at, lc := twoMessagesAndAFollower(t, "cutpage")
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c.Fabric.Delay(c.Nodes[at].Name, c.Nodes[leader].Name, 100*time.Millisecond)
+	defer c.Heal()
+	// Ahead of the delivery in the log: the slow link takes a while to
+	// carry this to the follower.
+	bulk := make([]byte, 900<<10)
+	for range 2 {
+		if _, err := lc.Enqueue(ctx, wire.EnqueueRequest{Queue: "bulk"}, bulk); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := make(chan *client.Delivery, 4)
+	done := make(chan error, 1)
+	var heal *time.Timer
+	go func() {
+		done <- c.Client(at).Subscribe(ctx, wire.DequeueRequest{Queue: "cutpage", Owner: "s", WaitSeconds: 10, PageSize: 1,
+			VisibilityTimeoutSeconds: 300}, func(d *client.Delivery) error {
+			if heal == nil {
+				c.Partition([]int{at}, others(c, at))
+				// Healed once the follower has given up on asking the
+				// leader (its leader wait is 2s), before a round of the
+				// subscription's wait passes.
+				heal = time.AfterFunc(3*time.Second, c.Heal)
+			}
+			got <- d
+			return nil // unfinished: the page is full
+		})
+	}()
+	receive := func(within time.Duration) *client.Delivery {
+		t.Helper()
+		return receiveWithin(t, got, done, within)
+	}
+	first := receive(30 * time.Second)
+	if first == nil {
+		t.Fatal("nothing received")
+	}
+	if d := receive(6 * time.Second); d != nil {
+		t.Fatalf("a subscription with page_size 1 was sent %q while %q was unfinished", d.Payload, first.Payload)
+	}
+	m := first.Message
+	if _, err := lc.Ack(ctx, wire.AckRequest{Queue: m.Queue, MessageID: m.MessageID, LeaseID: m.LeaseID, FencingToken: m.FencingToken}); err != nil {
+		t.Fatal(err)
+	}
+	if d := receive(20 * time.Second); d == nil || string(d.Payload) == string(first.Payload) {
+		t.Fatal("the next message did not follow the ack")
+	}
+	cancel()
+	<-done
+	heal.Stop()
+}
+
+// twoMessagesAndAFollower starts a cluster of three whose queue holds the
+// messages "a" and "b", and returns it, its leader, a follower and a client
+// of the leader.
+func twoMessagesAndAFollower(t *testing.T, queue string) (*Cluster, int, int, *client.Client) {
+	t.Helper()
+	c := Start(t, 3)
+	leader := c.WaitLeader(10 * time.Second)
+	lc := c.RetryingClient(leader)
+	for _, p := range []string{"a", "b"} {
+		if _, err := lc.Enqueue(context.Background(), wire.EnqueueRequest{Queue: queue}, []byte(p)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return c, leader, others(c, leader)[0], lc
+}
+
+// receiveWithin returns the next delivery of a subscription (got), or nil
+// when none comes within the time given; the subscription must not end
+// (done) meanwhile.
+func receiveWithin(t *testing.T, got <-chan *client.Delivery, done <-chan error, within time.Duration) *client.Delivery {
+	t.Helper()
+	timer := time.NewTimer(within)
+	defer timer.Stop()
+	select {
+	case d := <-got:
+		return d
+	case err := <-done:
+		t.Fatalf("the subscription ended: %v", err)
+	case <-timer.C:
+	}
+	return nil
 }
