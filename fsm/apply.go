@@ -32,6 +32,8 @@ type applyState struct {
 	ustats *UTXOStats
 	// nacking is the nack whose transaction's rollback is being applied.
 	nacking *pendingNack
+	// qcounts are the queue counters the batch changed, by qid.
+	qcounts map[string]*queueCounts
 }
 
 func beginApply(tx *bolt.Tx) *applyState {
@@ -52,6 +54,7 @@ func (s *applyState) finish(index, term uint64) {
 	if s.ustats != nil {
 		s.putJSON(bucketMeta, metaUTXOStats, s.ustats)
 	}
+	s.flushQueueCounts(index)
 	if s.dirty {
 		must(meta.Put(metaNow, putU64(uint64(s.now))))
 		must(meta.Put(metaSeq, putU64(s.seq)))
@@ -72,9 +75,14 @@ func (s *applyState) put(bucket, key, val []byte) {
 	if putFault != nil && putFault(bucket) {
 		must(errors.New("fsm: injected storage fault"))
 	}
+	s.countQueues(bucket, key, val)
 	must(s.b(bucket).Put(key, val))
 }
-func (s *applyState) del(bucket, key []byte) { must(s.b(bucket).Delete(key)) }
+
+func (s *applyState) del(bucket, key []byte) {
+	s.countQueues(bucket, key, nil)
+	must(s.b(bucket).Delete(key))
+}
 
 func (s *applyState) emit(e Event) { s.events = append(s.events, e) }
 

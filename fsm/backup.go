@@ -166,6 +166,9 @@ func checkContents(tx *bolt.Tx) error {
 	if err := staging.CheckDocuments(tx); err != nil {
 		return errcode.InvalidSnapshot.With("%v", err)
 	}
+	if err := checkCounts(tx); err != nil {
+		return err
+	}
 	if tx.Bucket(bucketQMsgs) == nil || bodies == nil {
 		return nil
 	}

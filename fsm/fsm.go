@@ -216,12 +216,16 @@ func openDB(path string, mmapSize int) (*bolt.DB, error) {
 		return nil, fmt.Errorf("fsm: open %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
+		counted := tx.Bucket(bucketQCounts) != nil
 		for _, b := range allBuckets {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
 		}
-		return staging.Init(tx)
+		if err := staging.Init(tx); err != nil {
+			return err
+		}
+		return countQueuesAnew(tx, counted)
 	})
 	if err != nil {
 		db.Close()
@@ -335,15 +339,7 @@ func (f *FSM) ApplyBatch(logs []*raft.Log) []interface{} {
 	var authChanged bool
 	f.mu.RLock()
 	err := f.db.Update(func(tx *bolt.Tx) (err error) {
-		defer func() {
-			if r := recover(); r != nil {
-				sf, ok := r.(storageFailure)
-				if !ok {
-					panic(r)
-				}
-				err = sf.err
-			}
-		}()
+		defer recoverStorage(&err)
 		s := beginApply(tx)
 		applied := s.appliedIndex()
 		last = applied
@@ -399,15 +395,7 @@ func (f *FSM) View(fn func(v *View) error) (err error) {
 	f.mu.RLock()
 	defer f.mu.RUnlock()
 	return f.db.View(func(tx *bolt.Tx) (err error) {
-		defer func() {
-			if r := recover(); r != nil {
-				sf, ok := r.(storageFailure)
-				if !ok {
-					panic(r)
-				}
-				err = sf.err
-			}
-		}()
+		defer recoverStorage(&err)
 		return fn(&View{reader: reader{tx: tx}})
 	})
 }

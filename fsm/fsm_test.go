@@ -1232,6 +1232,9 @@ func checkInvariants(t *testing.T, h *harness) {
 
 func invariants(h *harness) error {
 	return h.f.View(func(v *View) error {
+		if err := countsEqualAWalk(v); err != nil {
+			return err
+		}
 		queued := map[string]int64{}
 		c := v.tx.Bucket(bucketWaiters).Cursor()
 		for wk, raw := c.First(); wk != nil; wk, raw = c.Next() {

@@ -490,9 +490,9 @@ func (s *applyState) dequeue(c *DequeueCmd) *Result {
 }
 
 // firstReady returns the first ready message of queue qid.
-func (s *applyState) firstReady(qid []byte) ([]byte, string) {
+func (r reader) firstReady(qid []byte) ([]byte, string) {
 	p := append(bytes.Clone(qid), 0)
-	k, v := s.b(bucketQReady).Cursor().Seek(p)
+	k, v := r.b(bucketQReady).Cursor().Seek(p)
 	if k == nil || !bytes.HasPrefix(k, p) {
 		return nil, ""
 	}
@@ -1259,8 +1259,29 @@ type QueueStats struct {
 	DeadReady int // ready messages in the dead-letter queue
 }
 
-// QueueStats counts a queue's messages (a walk over the queue).
+// QueueStats describes a queue from its counters (q_counts) and its first
+// ready message. A state without counters up to date, which an open counts
+// anew, is walked.
 func (v *View) QueueStats(ns, queue string) QueueStats {
+	if !countsCurrent(v.tx) {
+		return v.queueStatsWalk(ns, queue)
+	}
+	b := v.b(bucketQCounts)
+	qid := queueID(ns, queue)
+	c := decodeQueueCounts(b.Get(qid))
+	dead := decodeQueueCounts(b.Get(queueID(ns, queue+DeadLetterSuffix)))
+	st := QueueStats{Ready: int(c.Ready), InFlight: int(c.Leased), Staged: int(c.Staged),
+		Delayed: int(c.Msgs - c.Ready - c.Leased - c.Staged), Waiting: int(c.Waiting), DeadReady: int(dead.Ready)}
+	if _, id := v.firstReady(qid); id != "" {
+		if m := v.message(msgKey(ns, queue, id)); m != nil {
+			st.Head = messageInfo(ns, queue, m)
+		}
+	}
+	return st
+}
+
+// queueStatsWalk is QueueStats by a walk over the queue.
+func (v *View) queueStatsWalk(ns, queue string) QueueStats {
 	var st QueueStats
 	qid := queueID(ns, queue)
 	p := append(bytes.Clone(qid), 0)

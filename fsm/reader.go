@@ -22,6 +22,18 @@ func must(err error) {
 	}
 }
 
+// recoverStorage, deferred, turns the panic of must into the error *err,
+// and lets any other panic go on.
+func recoverStorage(err *error) {
+	if r := recover(); r != nil {
+		sf, ok := r.(storageFailure)
+		if !ok {
+			panic(r)
+		}
+		*err = sf.err
+	}
+}
+
 // reader holds the lookups shared by apply (write transactions) and View
 // (read transactions).
 type reader struct {

@@ -24,7 +24,7 @@ var (
 var allBuckets = [][]byte{bucketMeta, bucketKeys, bucketDocs, bucketWaiters, bucketWaitReq,
 	bucketLeaseExp, bucketWaitExp, bucketWaitTxn, bucketTxns, bucketTxnDone,
 	bucketTxnExp, bucketTxnFanout, bucketTxnDoubt, bucketTxnStaged, bucketTCTerms, bucketRMs,
-	bucketQMsgs, bucketQBodies, bucketQReady, bucketQVis, bucketQTTL, bucketQWaiters, bucketQWaitReq, bucketQWaitExp, bucketQEnded, bucketQEndedAt, bucketQIdem, bucketQIdemAt,
+	bucketQMsgs, bucketQBodies, bucketQReady, bucketQVis, bucketQTTL, bucketQWaiters, bucketQWaitReq, bucketQWaitExp, bucketQEnded, bucketQEndedAt, bucketQIdem, bucketQIdemAt, bucketQCounts,
 	bucketRevoked, bucketTrust, bucketDistrust, bucketUTXORecs, bucketUTXOOuts, bucketUTXOHolds, bucketUTXOExp,
 	bucketUTXODAH, bucketUTXOPreserve, bucketUTXOBlocks, bucketUTXOUndo, bucketUTXOStage}
 
