@@ -408,13 +408,18 @@ func (s *applyState) releaseLease(k []byte, rec *KeyRecord) {
 	rec.Lease = nil
 	ns, key := splitKey(k)
 	prefix := waiterPrefix(k)
+	// Each waiter passed over is removed: the next is the first after it.
+	// Seeking from the queue's start instead would cross the emptied pages
+	// of every one removed so far, again for each.
+	from := prefix
 	for rec.Waiters > 0 {
-		wk, raw := s.b(bucketWaiters).Cursor().Seek(prefix)
+		wk, raw := s.b(bucketWaiters).Cursor().Seek(from)
 		if wk == nil || !bytes.HasPrefix(wk, prefix) {
 			rec.Waiters = 0 // the count drifted; the queue is the truth
 			break
 		}
 		wk = bytes.Clone(wk)
+		from = wk
 		var w Waiter
 		must(json.Unmarshal(raw, &w))
 		s.removeWaiter(wk, &w)

@@ -606,8 +606,9 @@ func (s *applyState) endLease(k []byte, rec *KeyRecord) {
 func (s *applyState) handToWaiter(ns, queue string) {
 	qid := queueID(ns, queue)
 	p := append(bytes.Clone(qid), 0)
+	from := p // as in releaseLease: after the last waiter passed over
 	for {
-		wk, raw := s.b(bucketQWaiters).Cursor().Seek(p)
+		wk, raw := s.b(bucketQWaiters).Cursor().Seek(from)
 		if wk == nil || !bytes.HasPrefix(wk, p) {
 			return
 		}
@@ -616,6 +617,7 @@ func (s *applyState) handToWaiter(ns, queue string) {
 			return
 		}
 		wk = bytes.Clone(wk)
+		from = wk
 		var w QueueWaiter
 		must(json.Unmarshal(raw, &w))
 		s.removeQueueWaiter(wk, &w)
