@@ -359,12 +359,15 @@ func (c *stateCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *stateCollector) Collect(ch chan<- prometheus.Metric) {
 	var leases, waiters int
-	_ = c.node.FSM().View(func(v *fsm.View) error {
+	// A state that cannot be read (closed, or failing) leaves its metrics
+	// out of the scrape rather than reporting zeros.
+	if c.node.FSM().View(func(v *fsm.View) error {
 		leases, waiters = v.Counts()
 		return nil
-	})
-	ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, float64(leases))
-	ch <- prometheus.MustNewConstMetric(c.queued, prometheus.GaugeValue, float64(waiters))
+	}) == nil {
+		ch <- prometheus.MustNewConstMetric(c.held, prometheus.GaugeValue, float64(leases))
+		ch <- prometheus.MustNewConstMetric(c.queued, prometheus.GaugeValue, float64(waiters))
+	}
 	ch <- prometheus.MustNewConstMetric(c.local, prometheus.GaugeValue, float64(c.waits.Len()))
 }
 

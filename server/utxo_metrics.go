@@ -50,7 +50,9 @@ func (c *utxoCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c *utxoCollector) Collect(ch chan<- prometheus.Metric) {
 	var st fsm.UTXOStatus
-	_ = c.node.FSM().View(func(v *fsm.View) error { st = v.UTXOStatus(); return nil })
+	if c.node.FSM().View(func(v *fsm.View) error { st = v.UTXOStatus(); return nil }) != nil {
+		return // as stateCollector's: left out, not zeros (the counters would seem reset)
+	}
 	values := map[string]float64{
 		"raftlockd_utxo_chain_height": float64(st.Height), "raftlockd_utxo_transactions": float64(st.Stats.Txs),
 		"raftlockd_utxo_records": float64(st.Stats.Records), "raftlockd_utxo_outputs": float64(st.Stats.Outputs),
