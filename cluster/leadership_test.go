@@ -636,51 +636,73 @@ func TestRemovePeerDoesNotCountAJoiningVoterAsLive(t *testing.T) {
 func TestCommandsDuringAHandOffReachTheNewLeader(t *testing.T) {
 	nodes := startStatic(t, 3)
 	old := leaderOf(t, nodes)
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	failed := map[string]int{}
-	applied := 0
-	for w := 0; w < 9; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				_, err := nodes[w%3].Propose(ctx, acquireCmd(fmt.Sprintf("w%d-%d", w, i)))
-				cancel()
-				mu.Lock()
-				if err != nil {
-					failed[err.Error()]++
-				} else {
-					applied++
-				}
-				mu.Unlock()
-			}
-		}()
-	}
-	appliedAtLeast := func(n int) func() bool {
-		return func() bool { mu.Lock(); defer mu.Unlock(); return applied >= n }
-	}
-	waitFor(t, 10*time.Second, "commands through every server", appliedAtLeast(100))
+	p := proposeThrough(nodes, 9)
+	waitFor(t, 10*time.Second, "commands through every server", p.appliedAtLeast(100))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if !old.HandOff(ctx) {
 		t.Fatal("leadership was not handed over")
 	}
-	mu.Lock()
-	handed := applied
-	mu.Unlock()
-	waitFor(t, 10*time.Second, "commands under the new leader", appliedAtLeast(handed+100))
-	close(stop)
-	wg.Wait()
+	waitFor(t, 10*time.Second, "commands under the new leader", p.appliedAtLeast(p.count()+100))
+	applied, failed := p.end()
 	if len(failed) > 0 {
 		t.Fatalf("%d commands applied, and these failed: %v", applied, failed)
 	}
 	t.Logf("%d commands applied, none failed", applied)
+}
+
+// proposals are workers proposing commands of their own through nodes
+// (in turn) until ended, and what they were answered.
+type proposals struct {
+	stop    chan struct{}
+	wg      sync.WaitGroup
+	mu      sync.Mutex
+	applied int
+	failed  map[string]int // by error
+}
+
+func proposeThrough(nodes []*Node, workers int) *proposals {
+	p := &proposals{stop: make(chan struct{}), failed: map[string]int{}}
+	for w := 0; w < workers; w++ {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-p.stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				_, err := nodes[w%len(nodes)].Propose(ctx, acquireCmd(fmt.Sprintf("w%d-%d", w, i)))
+				cancel()
+				p.mu.Lock()
+				if err != nil {
+					p.failed[err.Error()]++
+				} else {
+					p.applied++
+				}
+				p.mu.Unlock()
+			}
+		}()
+	}
+	return p
+}
+
+func (p *proposals) count() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.applied
+}
+
+func (p *proposals) appliedAtLeast(n int) func() bool {
+	return func() bool { return p.count() >= n }
+}
+
+// end stops the workers and returns how many commands were applied and
+// how the others failed.
+func (p *proposals) end() (applied int, failed map[string]int) {
+	close(p.stop)
+	p.wg.Wait()
+	return p.applied, p.failed
 }

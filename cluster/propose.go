@@ -138,10 +138,17 @@ func (n *Node) Propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, erro
 			return nil, err
 		}
 		reply.Err = reply.err()
-		// The node we reached stopped leading before proposing anything:
-		// ask again who leads, a few times.
-		if reply.Err != nil && reply.Err.Code == errcode.NotLeader.Code && attempt < 3 {
-			if !sleepCtx(ctx, n.done, 20*time.Millisecond) {
+		// The node we reached stopped leading, or is shutting down, before
+		// proposing anything: ask again who leads, at once when that
+		// changes, until LeaderWait has passed since start (a leader that
+		// shuts down leads until it has stopped, and the next one is
+		// elected only then).
+		if reply.Err != nil && reply.Err.Code == errcode.NotLeader.Code && (attempt < 3 || time.Since(start) < n.cfg.LeaderWait) {
+			pause := 20 * time.Millisecond
+			if attempt >= 3 {
+				pause = 100 * time.Millisecond // it ends as soon as another leads
+			}
+			if !n.pauseForLeader(ctx, pause) {
 				return nil, reply.Err
 			}
 			continue
@@ -177,6 +184,13 @@ func (n *Node) proposeLeading(ctx context.Context, cmd *fsm.Command) (*fsm.Resul
 	}
 }
 
+// closingRefusal is a closing node's refusal of a request to raft, made
+// before raft took anything: a command refused so was not proposed.
+type closingRefusal struct{ err *errcode.Error }
+
+func (c closingRefusal) Error() string { return c.err.Error() }
+func (c closingRefusal) Unwrap() error { return c.err }
+
 // handingOver is raft's refusal of a command while this server hands its
 // leadership over: the command was not proposed.
 type handingOver struct{ err *errcode.Error }
@@ -200,6 +214,26 @@ func (n *Node) retryUndelivered(ctx context.Context, err error, start time.Time)
 		return false
 	}
 	return sleepCtx(ctx, n.done, 50*time.Millisecond)
+}
+
+// pauseForLeader waits d, or less when leadership changes meanwhile; false
+// when ctx ends or the node closes first.
+func (n *Node) pauseForLeader(ctx context.Context, d time.Duration) bool {
+	n.watchMu.Lock()
+	ch := n.leaderCh
+	n.watchMu.Unlock()
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ch:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-n.done:
+		return false
+	}
 }
 
 func sleepCtx(ctx context.Context, done <-chan struct{}, d time.Duration) bool {
@@ -248,7 +282,7 @@ func (n *Node) await(call func() raft.Future) (raft.Future, error) {
 	n.restoreMu.RLock()
 	if n.closing.Load() {
 		n.restoreMu.RUnlock()
-		return nil, shuttingDown()
+		return nil, closingRefusal{shuttingDown()}
 	}
 	n.calls.Add(1)
 	f := call()

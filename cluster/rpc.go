@@ -146,6 +146,15 @@ func (s *rpcService) Propose(args ProposeArgs, reply *ProposeReply) error {
 		return nil
 	}
 	res, err := s.n.proposeLeading(ctx, cmd)
+	var closing closingRefusal
+	if errors.As(err, &closing) {
+		// Refused before raft took it: the follower takes the command to
+		// the next leader, as from a leader that stepped down.
+		e := errcode.NotLeader.With("node %s is shutting down: nothing was proposed", s.n.cfg.NodeID)
+		e.RetryAfter = 1
+		reply.setErr(e)
+		return nil
+	}
 	reply.Result = res
 	reply.setErr(asErr(err))
 	return nil
