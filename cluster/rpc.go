@@ -297,10 +297,12 @@ func (p *peers) callOnce(ctx context.Context, addr, method string, args, reply a
 	// before sending anything, with ErrShutdown. It also gives calls
 	// already sent ErrShutdown when the peer hangs up while the client is
 	// being closed; so only a refusal that came back within Go counts as
-	// never sent.
+	// never sent. So does a request whose write failed within Go: it did
+	// not reach the peer whole, and the peer acts on none it did not read
+	// whole.
 	select {
 	case <-call.Done:
-		unsent := errors.Is(call.Error, rpc.ErrShutdown)
+		unsent := errors.Is(call.Error, rpc.ErrShutdown) || writeFailed(call.Error)
 		if unsent && pooled && redial {
 			p.drop(addr, c)
 			return p.callOnce(ctx, addr, method, args, reply, false)
@@ -320,6 +322,12 @@ func (p *peers) callOnce(ctx context.Context, addr, method string, args, reply a
 		}
 		return unanswered{err: fmt.Errorf("cluster: %s to %s: %w", method, addr, ctx.Err()), done: call.Done}
 	}
+}
+
+// writeFailed reports whether err is a failed write on a connection.
+func writeFailed(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "write"
 }
 
 // unanswered is the failure of a call its caller stopped waiting for
