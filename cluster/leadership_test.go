@@ -651,9 +651,9 @@ func TestCommandsDuringAHandOffReachTheNewLeader(t *testing.T) {
 	t.Logf("%d commands applied, none failed", applied)
 }
 
-// proposals are workers proposing commands of their own through nodes
-// (in turn) until ended, and what they were answered.
-type proposals struct {
+// calls are workers making calls of their own (op: worker w's call i)
+// through nodes (in turn) until ended, and what they were answered.
+type calls struct {
 	stop    chan struct{}
 	wg      sync.WaitGroup
 	mu      sync.Mutex
@@ -661,8 +661,16 @@ type proposals struct {
 	failed  map[string]int // by error
 }
 
-func proposeThrough(nodes []*Node, workers int) *proposals {
-	p := &proposals{stop: make(chan struct{}), failed: map[string]int{}}
+// proposeThrough has workers propose commands through nodes.
+func proposeThrough(nodes []*Node, workers int) *calls {
+	return callThrough(nodes, workers, func(ctx context.Context, n *Node, w, i int) error {
+		_, err := n.Propose(ctx, acquireCmd(fmt.Sprintf("w%d-%d", w, i)))
+		return err
+	})
+}
+
+func callThrough(nodes []*Node, workers int, op func(ctx context.Context, n *Node, w, i int) error) *calls {
+	p := &calls{stop: make(chan struct{}), failed: map[string]int{}}
 	for w := 0; w < workers; w++ {
 		p.wg.Add(1)
 		go func() {
@@ -674,7 +682,7 @@ func proposeThrough(nodes []*Node, workers int) *proposals {
 				default:
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				_, err := nodes[w%len(nodes)].Propose(ctx, acquireCmd(fmt.Sprintf("w%d-%d", w, i)))
+				err := op(ctx, nodes[w%len(nodes)], w, i)
 				cancel()
 				p.mu.Lock()
 				if err != nil {
@@ -689,19 +697,19 @@ func proposeThrough(nodes []*Node, workers int) *proposals {
 	return p
 }
 
-func (p *proposals) count() int {
+func (p *calls) count() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.applied
 }
 
-func (p *proposals) appliedAtLeast(n int) func() bool {
+func (p *calls) appliedAtLeast(n int) func() bool {
 	return func() bool { return p.count() >= n }
 }
 
-// end stops the workers and returns how many commands were applied and
-// how the others failed.
-func (p *proposals) end() (applied int, failed map[string]int) {
+// end stops the workers and returns how many calls succeeded and how the
+// others failed.
+func (p *calls) end() (applied int, failed map[string]int) {
 	close(p.stop)
 	p.wg.Wait()
 	return p.applied, p.failed

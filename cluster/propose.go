@@ -144,11 +144,7 @@ func (n *Node) Propose(ctx context.Context, cmd *fsm.Command) (*fsm.Result, erro
 		// shuts down leads until it has stopped, and the next one is
 		// elected only then).
 		if reply.Err != nil && reply.Err.Code == errcode.NotLeader.Code && (attempt < 3 || time.Since(start) < n.cfg.LeaderWait) {
-			pause := 20 * time.Millisecond
-			if attempt >= 3 {
-				pause = 100 * time.Millisecond // it ends as soon as another leads
-			}
-			if !n.pauseForLeader(ctx, pause) {
+			if !n.pauseForLeader(ctx, askAgainPause(attempt)) {
 				return nil, reply.Err
 			}
 			continue
@@ -214,6 +210,17 @@ func (n *Node) retryUndelivered(ctx context.Context, err error, start time.Time)
 		return false
 	}
 	return sleepCtx(ctx, n.done, 50*time.Millisecond)
+}
+
+// askAgainPause is how long a server waits, at most, before it asks the
+// leader again after the answer that the server it asked does not lead:
+// briefly the first times, then longer (pauseForLeader ends it as soon as
+// another leads).
+func askAgainPause(attempt int) time.Duration {
+	if attempt < 3 {
+		return 20 * time.Millisecond
+	}
+	return 100 * time.Millisecond
 }
 
 // pauseForLeader waits d, or less when leadership changes meanwhile; false

@@ -8,6 +8,7 @@ import (
 
 	"github.com/hashicorp/raft"
 
+	"github.com/raftlockd/raftlockd/errcode"
 	"github.com/raftlockd/raftlockd/fsm"
 )
 
@@ -57,7 +58,11 @@ func (n *Node) readIndex(ctx context.Context) (uint64, error) {
 		if reply.Err == nil {
 			return reply.Index, nil
 		}
-		if attempt >= 3 || !sleepCtx(ctx, n.done, 20*time.Millisecond) {
+		// A server that does not lead (yet, or any more), or shuts down,
+		// cannot answer: the leader is asked again, as a forwarded
+		// command is (Propose), once the leader changes.
+		gone := reply.Err.Code == errcode.NotLeader.Code || reply.Err.Code == errcode.ShuttingDown.Code
+		if !(attempt < 3 || gone && time.Since(start) < n.cfg.LeaderWait) || !n.pauseForLeader(ctx, askAgainPause(attempt)) {
 			return 0, reply.Err
 		}
 	}
