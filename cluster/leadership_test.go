@@ -632,19 +632,29 @@ func TestRemovePeerDoesNotCountAJoiningVoterAsLive(t *testing.T) {
 // leadership over (as a leader stopped with SIGTERM does) are taken by the
 // new leader: raft refuses them on the old one during the transfer and
 // after it, before proposing anything, so none is answered as refused or
-// as of an unknown outcome.
+// as of an unknown outcome. An election of another cause (a leader too
+// slow to reach its followers in time, on a busy machine) may rightly
+// leave commands in flight of an unknown outcome: then the test says so
+// and checks no more.
 func TestCommandsDuringAHandOffReachTheNewLeader(t *testing.T) {
 	nodes := startStatic(t, 3)
-	old := leaderOf(t, nodes)
+	first := leaderOf(t, nodes).raft.CurrentTerm()
 	p := proposeThrough(nodes, 9)
 	waitFor(t, 10*time.Second, "commands through every server", p.appliedAtLeast(100))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if !old.HandOff(ctx) {
+	handed := leaderWithin(t, nodes).HandOff(ctx)
+	if handed {
+		waitFor(t, 10*time.Second, "commands under the new leader", p.appliedAtLeast(p.count()+100))
+	}
+	applied, failed := p.end()
+	if elections := leaderWithin(t, nodes).raft.CurrentTerm() - first; elections > 1 {
+		t.Logf("%d elections besides the hand-off; %d commands applied, these failed: %v", elections-1, applied, failed)
+		return
+	}
+	if !handed {
 		t.Fatal("leadership was not handed over")
 	}
-	waitFor(t, 10*time.Second, "commands under the new leader", p.appliedAtLeast(p.count()+100))
-	applied, failed := p.end()
 	if len(failed) > 0 {
 		t.Fatalf("%d commands applied, and these failed: %v", applied, failed)
 	}
