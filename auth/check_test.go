@@ -2,13 +2,16 @@ package auth
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
 	"io"
 	"log"
+	"math/big"
 	"net"
 	"net/http"
+	"net/url"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -393,4 +396,96 @@ func TestAPeerThatNeverAnswersTheHandshakeFailsTheDial(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the dial of a peer that never answers its handshake is still waiting")
 	}
+}
+
+// recertify is ca's certificate again, same name and key, valid from
+// notBefore to notAfter and signed by parent (itself when nil).
+func recertify(t *testing.T, ca, parent *Bundle, notBefore, notAfter time.Time) *x509.Certificate {
+	t.Helper()
+	if parent == nil {
+		parent = ca
+	}
+	tmpl := *ca.Cert
+	tmpl.SerialNumber = big.NewInt(time.Now().UnixNano())
+	tmpl.NotBefore, tmpl.NotAfter = notBefore, notAfter
+	der, err := x509.CreateCertificate(rand.Reader, &tmpl, parent.Cert, ca.Key.Public(), parent.Key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := x509.ParseCertificate(der)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// A certificate valid itself but whose CA certificate, root or
+// intermediate, has expired or is not valid yet, is refused as expired,
+// not as signed by an unknown CA.
+func TestACertificateOfACAOutOfItsValidityIsRefusedAsExpired(t *testing.T) {
+	now := time.Now()
+	own, foreign, stranger := mustCA(t), mustCA(t), mustCA(t)
+	ownExpired := recertify(t, own, nil, now.Add(-48*time.Hour), now.Add(-time.Hour))
+	ownNotYet := recertify(t, own, nil, now.Add(time.Hour), now.Add(48*time.Hour))
+	foreignExpired := recertify(t, foreign, nil, now.Add(-48*time.Hour), now.Add(-time.Hour))
+
+	// An intermediate CA of the own CA, presented with an expired
+	// certificate.
+	inter, err := own.Issue(RoleServer, IssueOptions{Name: "intermediate"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	inter.Cert = recertify(t, &Bundle{Cert: caTemplate(t, "intermediate", inter.Cert), Key: inter.Key}, own, now.Add(-time.Minute), now.Add(24*time.Hour))
+	interExpired := recertify(t, inter, own, now.Add(-48*time.Hour), now.Add(-time.Hour))
+
+	cl := mustIssue(t, own, RoleClient, IssueOptions{Name: "app"})
+	viaInter := mustIssue(t, inter, RoleClient, IssueOptions{Name: "app2"})
+	foreignSrv := mustIssue(t, foreign, RoleServer, IssueOptions{Name: "island-b"})
+	strangerSrv := mustIssue(t, stranger, RoleServer, IssueOptions{Name: "island-x"})
+
+	for _, tc := range []struct {
+		name    string
+		cas     []*x509.Certificate
+		chain   []*x509.Certificate
+		foreign bool
+		wantErr error
+	}{
+		{name: "own CA expired", cas: []*x509.Certificate{ownExpired}, chain: chain(cl), wantErr: ErrExpired},
+		{name: "own CA not valid yet", cas: []*x509.Certificate{ownNotYet}, chain: chain(cl), wantErr: ErrExpired},
+		{name: "intermediate expired", cas: own.CAs, chain: []*x509.Certificate{viaInter.Cert, interExpired}, wantErr: ErrExpired},
+		{name: "intermediate valid", cas: own.CAs, chain: []*x509.Certificate{viaInter.Cert, inter.Cert}},
+		{name: "trusted foreign CA expired", cas: own.CAs, chain: chain(foreignSrv), foreign: true, wantErr: ErrExpired},
+		{name: "unknown CA beside an expired one", cas: []*x509.Certificate{ownExpired}, chain: chain(strangerSrv), foreign: true, wantErr: ErrUnknownCA},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			node := mustIssue(t, own, RoleServer, IssueOptions{Name: "node"})
+			node.CAs = tc.cas
+			c := NewChecker(NewStaticSource(node), &fakeLists{trusted: [][]byte{foreignExpired.Raw}})
+			_, err := c.Check(tc.chain, tc.foreign, now)
+			if !errors.Is(err, tc.wantErr) || (tc.wantErr == nil) != (err == nil) {
+				t.Fatalf("Check: %v, want %v", err, tc.wantErr)
+			}
+			if !tc.foreign {
+				roots := x509.NewCertPool()
+				for _, c := range tc.cas {
+					roots.AddCert(c)
+				}
+				if _, err := Verify(tc.chain, roots, now); !errors.Is(err, tc.wantErr) || (tc.wantErr == nil) != (err == nil) {
+					t.Fatalf("Verify: %v, want %v", err, tc.wantErr)
+				}
+			}
+		})
+	}
+}
+
+// caTemplate is cert made a CA named name.
+func caTemplate(t *testing.T, name string, cert *x509.Certificate) *x509.Certificate {
+	t.Helper()
+	c := *cert
+	c.Subject.CommonName = name
+	c.IsCA, c.BasicConstraintsValid = true, true
+	c.KeyUsage = x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature
+	c.ExtKeyUsage = nil
+	c.URIs = []*url.URL{{Scheme: uriScheme, Host: "role", Path: "/" + string(RoleCA)}}
+	return &c
 }

@@ -57,6 +57,12 @@ func verify(chain []*x509.Certificate, roots *x509.CertPool, now time.Time, usag
 		}
 		return Identity{}, validity{}, fmt.Errorf("%w: the certificate is not for %s authentication (extended key usage)", ErrWrongRole, what)
 	}
+	// A CA certificate that signed the chain but is outside its validity
+	// period comes back as such (the certificate itself was checked
+	// above): the chain is refused for the time, not for its signer.
+	if invalid := (x509.CertificateInvalidError{}); errors.As(err, &invalid) && invalid.Reason == x509.Expired {
+		return Identity{}, validity{}, fmt.Errorf("%w: a CA certificate of its chain: %v", ErrExpired, err)
+	}
 	if err != nil {
 		return Identity{}, validity{}, fmt.Errorf("%w: %v", ErrUnknownCA, err)
 	}
