@@ -205,10 +205,30 @@ func (n *Node) restoreFile(ctx context.Context, path string, applied uint64) err
 	// raft records the snapshot after max(Index, its last index): the
 	// entries that follow must come after the file's applied index.
 	meta := &raft.SnapshotMeta{Version: raft.SnapshotVersionMax, Index: applied, Size: st.Size()}
+	last, term := n.raft.LastIndex(), n.raft.CurrentTerm()
 	if err := n.raft.Restore(meta, f, timeout); err != nil {
+		if n.restoreStored(last, term) {
+			// raft installed the file here, then failed to replicate it
+			// (leadership lost, shutdown): the next leader may or may
+			// not have it. Not an answer that nothing happened, which
+			// has the upload sent to the next leader.
+			return errcode.Unavailable.With("restore: the snapshot was installed on this server, which lost "+
+				"the leadership before it was replicated; the restore may or may not hold: %v", err)
+		}
 		return n.adminErr("restore", err)
 	}
 	return nil
+}
+
+// restoreStored tells whether raft stored a restored snapshot after index
+// last, in term: it installs the file as such a snapshot before it
+// replicates it, and restarts from it.
+func (n *Node) restoreStored(last, term uint64) bool {
+	snaps, err := n.snaps.List()
+	if err != nil {
+		return true // unknown
+	}
+	return len(snaps) > 0 && snaps[0].Index > last && snaps[0].Term == term
 }
 
 // sizedUpload reads a snapshot upload no further than the size its first

@@ -14,19 +14,20 @@ import (
 	"github.com/raftlockd/raftlockd/fsm"
 )
 
-// startStatic starts n nodes on loopback and bootstraps them as one cluster.
-func startStatic(t *testing.T, count int) []*Node {
+// startStatic starts n nodes on loopback and bootstraps them as one
+// cluster; configure, when given, changes each node's configuration.
+func startStatic(t *testing.T, count int, configure ...func(*Config)) []*Node {
 	t.Helper()
 	dirs, addrs := make([]string, count), make([]string, count)
 	for i := range dirs {
 		dirs[i], addrs[i] = t.TempDir(), "127.0.0.1:0"
 	}
-	return startStaticAt(t, "boot-a", dirs, addrs)
+	return startStaticAt(t, "boot-a", dirs, addrs, configure...)
 }
 
 // startStaticAt starts a cluster of len(addrs) voters on the Raft
 // addresses given, in dirs.
-func startStaticAt(t *testing.T, boot string, dirs, addrs []string) []*Node {
+func startStaticAt(t *testing.T, boot string, dirs, addrs []string, configure ...func(*Config)) []*Node {
 	t.Helper()
 	var nodes []*Node
 	for i := range dirs {
@@ -34,6 +35,9 @@ func startStaticAt(t *testing.T, boot string, dirs, addrs []string) []*Node {
 		cfg.NodeID = "n" + strconv.Itoa(i+1)
 		cfg.Bootstrap = false
 		cfg.RaftBind = addrs[i]
+		for _, c := range configure {
+			c(&cfg)
+		}
 		n, err := Open(cfg)
 		if err != nil {
 			t.Fatal(err)
