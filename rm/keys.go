@@ -173,8 +173,16 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 		if wait > 0 && mayStandInLine(res, err) {
 			awaitAnswer(ctx, err)
 			// Applied, if at all, before the answer that has come by now.
-			if res, cerr := k.withdraw(ctx, ns, key, req, attempt, time.Now().Add(wait)); cerr == nil && res.Lease != nil {
+			res, cerr := k.withdraw(ctx, ns, key, req, attempt, time.Now().Add(wait))
+			if cerr == nil && res.Lease != nil {
 				return res.Lease, nil
+			}
+			// A request that stood in line before a restore had it
+			// proposed again may stand in it still: err (not_leader, say)
+			// speaks only of the last proposal.
+			if cerr != nil && errors.As(err, new(queuedBefore)) {
+				return nil, errcode.Unavailable.With("acquire %s/%s: the request stood in line, and may still: "+
+					"%v; its withdrawal failed: %v", ns, key, err, cerr)
 			}
 		}
 		return nil, err
@@ -236,6 +244,9 @@ func proposeAndWait(ctx context.Context, s Store, wait time.Duration, events <-c
 		if first && errors.Is(err, errcode.NoLeader) {
 			return nil, nil, inLine, nothingQueued{err}
 		}
+		if err != nil && !first {
+			return res, nil, inLine, queuedBefore{err}
+		}
 		if err != nil || settled(res) {
 			return res, nil, inLine, err
 		}
@@ -268,6 +279,12 @@ func proposeAndWait(ctx context.Context, s Store, wait time.Duration, events <-c
 type nothingQueued struct{ error }
 
 func (e nothingQueued) Unwrap() error { return e.error }
+
+// queuedBefore is the failure of a request proposed again after a restore:
+// its first proposal was applied.
+type queuedBefore struct{ error }
+
+func (e queuedBefore) Unwrap() error { return e.error }
 
 // mayStandInLine tells whether a waiting request that failed with err may
 // have been queued all the same (a forward cut short), and so must be

@@ -2,6 +2,7 @@ package rm
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -72,5 +73,54 @@ func waitUntil(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A blocked acquire proposed again after a restore (its first proposal
+// queued it) whose new proposal finds no leader, and whose withdrawal then
+// fails as the server shuts down, does not answer not_leader: that tells
+// the client nothing was done, while its request may still stand in line.
+func TestAnAcquireProposedAgainAfterARestoreThatCannotLeaveTheLineIsOfAnUnknownOutcome(t *testing.T) {
+	base := newFSMStore(t)
+	waits := NewWaits()
+	k := NewKeys(base, waits, storeClock{base}, Limits{DefaultTTL: 30 * time.Second, MaxTTL: time.Hour,
+		MaxBlock: time.Minute, MaxStateBytes: 1 << 20}, Server{ID: "n1"})
+	if _, err := k.Acquire(context.Background(), AcquireParams{Key: "k", Owner: "a", BlockSecs: -1}); err != nil {
+		t.Fatal(err)
+	}
+	life, shutDown := context.WithCancelCause(context.Background())
+	defer shutDown(nil)
+	done := make(chan error, 1)
+	go func() {
+		_, err := k.Acquire(WithServerLife(context.Background(), life), AcquireParams{Key: "k", Owner: "b", BlockSecs: 60})
+		done <- err
+	}()
+	waiters := func() int64 {
+		var rec fsm.KeyRecord
+		_ = base.f.View(func(v *fsm.View) error { rec, _ = v.Key("default", "k"); return nil })
+		return rec.Waiters
+	}
+	waitUntil(t, "the acquire to wait in line", func() bool { return waiters() == 1 })
+	base.mu.Lock()
+	base.refuse = func(cmd *fsm.Command) error {
+		if cmd.Op == fsm.OpCancelWait {
+			shutDown(errcode.ShuttingDown.With("node is shutting down"))
+			return errcode.ShuttingDown.With("node is shutting down")
+		}
+		return errcode.NotLeader.With("node n1 is not the leader")
+	}
+	base.mu.Unlock()
+	waits.Observe([]fsm.Event{{Kind: fsm.EventRestored}})
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the acquire did not end")
+	}
+	if waiters() != 1 {
+		t.Fatalf("%d waiters: the request was to stay in line", waiters())
+	}
+	if errors.Is(err, errcode.NotLeader) || errors.Is(err, errcode.NoLeader) || !errors.Is(err, errcode.Unavailable) {
+		t.Fatalf("an acquire that may stand in line answers %v, want %s", err, errcode.Unavailable.Code)
 	}
 }
