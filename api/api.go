@@ -84,6 +84,9 @@ type Options struct {
 	// MaxTTL is the longest lease (--max-ttl, default 1 h); a transaction's
 	// expires_at_unix lies at most that far ahead.
 	MaxTTL time.Duration
+	// Clock is the server's wall clock, which the times requests carry
+	// are checked against. nil: time.Now.
+	Clock rm.Clock
 }
 
 type handler struct {
@@ -104,6 +107,9 @@ func New(o Options) http.Handler {
 	}
 	if o.MaxUTXOBodyBytes <= 0 {
 		o.MaxUTXOBodyBytes = defaultMaxUTXOBodyBytes
+	}
+	if o.Clock == nil {
+		o.Clock = wallClock{}
 	}
 	if o.Auth != nil {
 		o.Leases = guardedLeases{o.Leases}
@@ -413,6 +419,10 @@ func leaseRefFromHeaders(r *http.Request) (rm.LeaseRef, error) {
 }
 
 func unixSeconds(ms int64) int64 { return ms / 1000 }
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
 
 func setStateHeaders(w http.ResponseWriter, version int64, etag string, token int64) {
 	w.Header().Set(wire.HeaderKeyVersion, strconv.FormatInt(version, 10))

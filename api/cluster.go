@@ -417,7 +417,7 @@ func (h *handler) tcAnnounce(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	writeJSON(w, http.StatusOK, wire.TCClusterAnnounceResponse{Endpoints: endpoints, UpdatedAt: updated.Unix(),
-		ExpiresAt: ceilUnix(time.Now().Add(h.TC.MembershipTTL()))})
+		ExpiresAt: ceilUnix(h.Clock.Now().Add(h.TC.MembershipTTL()))})
 	return nil
 }
 

@@ -814,7 +814,7 @@ func (h *handler) queueStats(w http.ResponseWriter, r *http.Request) error {
 		Staged: st.Staged, DeadLetterReady: st.DeadReady}
 	if m := st.Head; m != nil {
 		out.HeadMessageID, out.HeadEnqueuedAtUnix, out.HeadNotVisibleUntilUnix = m.ID, unixSeconds(m.EnqueuedAt), unixSeconds(m.VisibleAt)
-		out.HeadAgeSeconds = max(0, time.Now().UnixMilli()-m.EnqueuedAt) / 1000
+		out.HeadAgeSeconds = max(0, h.Clock.Now().UnixMilli()-m.EnqueuedAt) / 1000
 	}
 	writeJSON(w, http.StatusOK, out)
 	return nil

@@ -193,8 +193,8 @@ func expiresAt(unix int64, now time.Time, maxTTL time.Duration) (time.Time, erro
 // decision's expiry must be valid. A commit or rollback (resent, say, with
 // its prepare's old expiry) is answered as a decision whatever expiry it
 // carries; the expiry only bounds what a prepare holds.
-func decisionExpiry(state string, unix int64, maxTTL time.Duration) (time.Time, error) {
-	exp, err := expiresAt(unix, time.Now(), maxTTL)
+func decisionExpiry(state string, unix int64, now time.Time, maxTTL time.Duration) (time.Time, error) {
+	exp, err := expiresAt(unix, now, maxTTL)
 	if err != nil && state != fsm.TxnPending {
 		return time.Time{}, nil
 	}
@@ -209,7 +209,7 @@ func (h *handler) txnDecide(w http.ResponseWriter, r *http.Request) error {
 	if err := h.meantHere(r.Header.Get(wire.HeaderTargetBackend)); err != nil {
 		return err
 	}
-	exp, err := decisionExpiry(req.State, req.ExpiresAtUnix, h.MaxTTL)
+	exp, err := decisionExpiry(req.State, req.ExpiresAtUnix, h.Clock.Now(), h.MaxTTL)
 	if err != nil {
 		return err
 	}
@@ -280,7 +280,7 @@ func (h *handler) txnRM(state string) func(http.ResponseWriter, *http.Request) e
 		}
 		// Another island's coordinator computed the expiry by its own
 		// clock: the bound allows for some skew between the islands.
-		exp, err := decisionExpiry(state, req.ExpiresAtUnix, h.MaxTTL+islandClockSkew)
+		exp, err := decisionExpiry(state, req.ExpiresAtUnix, h.Clock.Now(), h.MaxTTL+islandClockSkew)
 		if err != nil {
 			return err
 		}
@@ -330,7 +330,7 @@ func (h *handler) rmRegister(remove bool) func(http.ResponseWriter, *http.Reques
 			// The time orders this change against others of the endpoint
 			// on every island: one far ahead would win over every later
 			// change, so a registration could never be undone.
-			if at := req.ChangedAtUnixMs; at < 0 || at > time.Now().Add(maxChangeAhead).UnixMilli() {
+			if at := req.ChangedAtUnixMs; at < 0 || at > h.Clock.Now().Add(maxChangeAhead).UnixMilli() {
 				return errcode.InvalidParams.With("changed_at_unix_ms %d is not a time up to %s from now", at, maxChangeAhead)
 			}
 			change.ChangedAt = req.ChangedAtUnixMs

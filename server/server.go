@@ -37,10 +37,6 @@ import (
 	"github.com/raftlockd/raftlockd/tc"
 )
 
-type wallClock struct{}
-
-func (wallClock) Now() time.Time { return time.Now() }
-
 // Server is a running node.
 type Server struct {
 	cfg       config.Server
@@ -132,6 +128,7 @@ type options struct {
 	peerDial   func(ctx context.Context, network, addr string) (net.Conn, error)
 	gossipHook func(*memberlist.Config)
 	httpHook   func(*http.Server)
+	clock      cluster.Clock
 }
 
 // WithNetwork carries Raft and forwarded requests over n.
@@ -148,6 +145,10 @@ func WithPeerDialer(dial func(ctx context.Context, network, addr string) (net.Co
 // profile was applied (for example to install a transport).
 func WithGossipHook(h func(*memberlist.Config)) Option { return func(o *options) { o.gossipHook = h } }
 
+// WithClock runs the node on clock c instead of the wall clock: tests set
+// nodes' clocks apart with it.
+func WithClock(c cluster.Clock) Option { return func(o *options) { o.clock = c } }
+
 // WithHTTPServer adjusts the API's http.Server (its timeouts and limits)
 // before it starts serving.
 func WithHTTPServer(h func(*http.Server)) Option { return func(o *options) { o.httpHook = h } }
@@ -155,7 +156,7 @@ func WithHTTPServer(h func(*http.Server)) Option { return func(o *options) { o.h
 // Start opens the node's state, joins (or bootstraps) its cluster and starts
 // serving HTTP. It returns once the listener is bound.
 func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err error) {
-	var o options
+	o := options{clock: wallClock{}}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -260,7 +261,7 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 		HeartbeatTimeout: cfg.HeartbeatTimeout, ElectionTimeout: cfg.ElectionTimeout, LeaderWait: cfg.LeaderWait,
 		SnapshotThreshold: cfg.SnapshotThreshold, SnapshotInterval: cfg.SnapshotInterval, TrailingLogs: cfg.TrailingLogs,
 		FSM: fsm.Options{Observers: []fsm.Observer{waits, sw, resolver}}, Grants: waits,
-		Clock: wallClock{}, Logger: log, Registerer: reg,
+		Clock: o.clock, Logger: log, Registerer: reg,
 	})
 	if err != nil {
 		return nil, err
@@ -302,7 +303,7 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 	handler := api.New(api.Options{Auth: authn, NodeID: id, Leases: keys, Releaser: coord, Ready: readiness{node},
 		Leadership: node, Cluster: node, Backups: node, TC: node, Coordinator: coord,
 		RM: rm.NewEnlisted(node, node, leaderClock, cfg.TCPendingTTL), LeaderOf: node, PeerHTTP: peers, Queues: queues,
-		UTXOs: utxos, Chain: chain, MaxUTXOBodyBytes: cfg.MaxUTXORequestBytes, MaxTTL: cfg.MaxTTL,
+		UTXOs: utxos, Chain: chain, MaxUTXOBodyBytes: cfg.MaxUTXORequestBytes, MaxTTL: cfg.MaxTTL, Clock: o.clock,
 		Access: access.New(node, node.FSM()), TCAuthDisabled: cfg.TCDisableAuth,
 		Gatherer: reg, Registerer: reg, Logger: log, Pprof: cfg.Pprof})
 
@@ -401,6 +402,10 @@ type proposerFunc func(ctx context.Context, c *fsm.Command) (*fsm.Result, error)
 func (f proposerFunc) Propose(ctx context.Context, c *fsm.Command) (*fsm.Result, error) {
 	return f(ctx, c)
 }
+
+type wallClock struct{}
+
+func (wallClock) Now() time.Time { return time.Now() }
 
 type clockFunc func() time.Time
 

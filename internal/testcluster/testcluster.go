@@ -18,6 +18,7 @@ import (
 
 	"github.com/raftlockd/raftlockd/auth"
 	"github.com/raftlockd/raftlockd/client"
+	"github.com/raftlockd/raftlockd/cluster"
 	"github.com/raftlockd/raftlockd/config"
 	"github.com/raftlockd/raftlockd/fsm"
 	"github.com/raftlockd/raftlockd/internal/faultnet"
@@ -42,6 +43,7 @@ type Node struct {
 	Name   string
 	Config config.Server
 	Server *server.Server
+	Clock  cluster.Clock // the node's own clock; nil: the wall clock
 }
 
 // Option adjusts a cluster before its nodes start.
@@ -53,6 +55,7 @@ type settings struct {
 	fabric *faultnet.Fabric
 	prefix string
 	nodes  []func(*config.Server)
+	clocks map[string]cluster.Clock
 }
 
 // Configure adjusts every node's configuration.
@@ -71,6 +74,17 @@ func WithCA(ca *auth.Bundle) Option { return func(s *settings) { s.ca = ca } }
 // calls between them included.
 func OnFabric(f *faultnet.Fabric, prefix string) Option {
 	return func(s *settings) { s.fabric, s.prefix = f, prefix }
+}
+
+// WithClock runs the node named name (n1, n2 ...) on clock c instead of
+// the wall clock, across restarts.
+func WithClock(name string, c cluster.Clock) Option {
+	return func(s *settings) {
+		if s.clocks == nil {
+			s.clocks = map[string]cluster.Clock{}
+		}
+		s.clocks[name] = c
+	}
 }
 
 // WithoutTLS runs the nodes with --disable-mtls: plain HTTP, Raft and
@@ -111,7 +125,7 @@ func Start(t testing.TB, size int, opts ...Option) *Cluster {
 		cfg.DeadServerTimeout = 30 * time.Second
 		cfg.LeaderWait = 2 * time.Second
 		gossip = append(gossip, cfg.GossipListen)
-		c.Nodes = append(c.Nodes, &Node{Name: cfg.NodeID, Config: cfg})
+		c.Nodes = append(c.Nodes, &Node{Name: cfg.NodeID, Config: cfg, Clock: set.clocks[cfg.NodeID]})
 	}
 	for _, n := range c.Nodes {
 		n.Config.Join = gossip
@@ -195,8 +209,12 @@ func (c *Cluster) Start(i int) {
 	// Clients that dial through the fabric (Client, HTTPClient) are
 	// subject to the node's freezes and crashes.
 	c.Fabric.Register(n.Config.Listen, n.Name)
-	srv, err := server.Start(n.Config, testutil.Logger(c.t), server.WithNetwork(c.Fabric.Network(n.Name)),
-		server.WithPeerDialer(c.Fabric.Dialer(n.Name)), server.WithGossipHook(c.Fabric.Gossip(n.Name, nil)))
+	opts := []server.Option{server.WithNetwork(c.Fabric.Network(n.Name)),
+		server.WithPeerDialer(c.Fabric.Dialer(n.Name)), server.WithGossipHook(c.Fabric.Gossip(n.Name, nil))}
+	if n.Clock != nil {
+		opts = append(opts, server.WithClock(n.Clock))
+	}
+	srv, err := server.Start(n.Config, testutil.Logger(c.t), opts...)
 	if err != nil {
 		c.t.Fatalf("start %s: %v", n.Name, err)
 	}
