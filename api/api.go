@@ -84,8 +84,11 @@ type Options struct {
 	// MaxTTL is the longest lease (--max-ttl, default 1 h); a transaction's
 	// expires_at_unix lies at most that far ahead.
 	MaxTTL time.Duration
-	// Clock is the server's wall clock, which the times requests carry
-	// are checked against. nil: time.Now.
+	// Clock is the time the island's expiries are judged by on this
+	// server (the node's clock corrected to the members' median, as
+	// commands are stamped with it): the times requests carry are checked
+	// against it, and the times answers tell are counted on it, on a
+	// follower as on the leader. nil: time.Now.
 	Clock rm.Clock
 }
 

@@ -303,7 +303,7 @@ func Start(cfg config.Server, log *slog.Logger, opts ...Option) (s *Server, err 
 	handler := api.New(api.Options{Auth: authn, NodeID: id, Leases: keys, Releaser: coord, Ready: readiness{node},
 		Leadership: node, Cluster: node, Backups: node, TC: node, Coordinator: coord,
 		RM: rm.NewEnlisted(node, node, leaderClock, cfg.TCPendingTTL), LeaderOf: node, PeerHTTP: peers, Queues: queues,
-		UTXOs: utxos, Chain: chain, MaxUTXOBodyBytes: cfg.MaxUTXORequestBytes, MaxTTL: cfg.MaxTTL, Clock: o.clock,
+		UTXOs: utxos, Chain: chain, MaxUTXOBodyBytes: cfg.MaxUTXORequestBytes, MaxTTL: cfg.MaxTTL, Clock: leaderClock,
 		Access: access.New(node, node.FSM()), TCAuthDisabled: cfg.TCDisableAuth,
 		Gatherer: reg, Registerer: reg, Logger: log, Pprof: cfg.Pprof})
 
