@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"fmt"
 	"io"
 	"log/slog"
 	"sync/atomic"
@@ -148,10 +149,12 @@ func TestTheCorrectionFollowsAStepOfThisNodesClock(t *testing.T) {
 	}
 }
 
-// A leader whose clock stepped ahead stamps with it only until it has
-// measured its peers: from then on it stamps the members' median time
-// again (the replicated clock holding still until that time reaches what
-// it stamped), in this term and when it leads again. Were it to go on from
+// A leader whose clock stepped ahead, and which stamped with it (a node
+// elected before it measured its peers, or a step no probe showed for as
+// long as it is held back), stamps with it only until it has measured its
+// peers: from then on it stamps the members' median time again (the
+// replicated clock holding still until that time reaches what it
+// stamped), in this term and when it leads again. Were it to go on from
 // its own stamps, every lease it judged would end early by the step, and
 // every expiry it handed out would be that much ahead of real time.
 func TestALeaderFollowsItsCorrectionOnceItHasMeasured(t *testing.T) {
@@ -168,9 +171,12 @@ func TestALeaderFollowsItsCorrectionOnceItHasMeasured(t *testing.T) {
 		return measured >= 2 && corrected("n1", 0)
 	})
 
-	// n1's clock steps 3 s ahead; it stamps a command before its next
-	// probes show the step.
+	// n1's clock steps 3 s ahead; it stamps a command with it (holding
+	// the step back not at all) before its next probes show the step.
 	const step = 3 * time.Second
+	n1.stamps.mu.Lock()
+	n1.stamps.stepGrace = 0
+	n1.stamps.mu.Unlock()
 	clocks["n1"].off.Store(int64(step))
 	acquire(t, n1, "stamped-ahead")
 	if ahead := time.Duration(n1.fsm.Now()-time.Now().UnixMilli()) * time.Millisecond; ahead < step/2 {
@@ -191,6 +197,53 @@ func TestALeaderFollowsItsCorrectionOnceItHasMeasured(t *testing.T) {
 	n1 = leadOn("n1")
 	if d := off(n1); d.Abs() > 250*time.Millisecond {
 		t.Fatalf("n1 leading again: its time is %v off real time", d)
+	}
+}
+
+// A measured leader's clock steps ahead (an NTP step, a resumed VM): the
+// leader does not stamp the step before its probes show it, which the
+// correction then takes out. Stamped, it would cut the step off every
+// lease's remaining time, for good (the replicated clock never goes
+// back), and the sweeper would end leases their holders keep alive in
+// time.
+func TestALeaderHoldsBackAStepOfItsClockUntilItsProbesShowIt(t *testing.T) {
+	_, clocks, byID, leadOn := skewedCluster(t)
+	n1 := leadOn("n1")
+	waitFor(t, 10*time.Second, "n1 to measure its peers", func() bool {
+		n1.clocks.mu.Lock()
+		measured := len(n1.clocks.peers)
+		n1.clocks.mu.Unlock()
+		return measured >= 2 && byID("n1").clocks.Offset().Abs() < 250*time.Millisecond
+	})
+	lease := acquire(t, n1, "k")
+	granted := time.Now()
+
+	const step = 30 * time.Second
+	clocks["n1"].off.Store(int64(step))
+	ahead := func(what string) {
+		t.Helper()
+		if d := time.Duration(n1.fsm.Now()-time.Now().UnixMilli()) * time.Millisecond; d > 250*time.Millisecond {
+			t.Fatalf("%s: the replicated clock is %v ahead of real time", what, d)
+		}
+		if d := n1.Now().Sub(time.Now()); d > 250*time.Millisecond {
+			t.Fatalf("%s: n1's time is %v ahead of real time", what, d)
+		}
+	}
+	acquire(t, n1, "stamped-after-the-step")
+	ahead("right after the step")
+	for i := 0; time.Since(granted) < 2*time.Second; i++ {
+		acquire(t, n1, fmt.Sprintf("stamped-%d", i))
+		time.Sleep(20 * time.Millisecond)
+	}
+	ahead("two seconds after the step")
+	waitFor(t, 10*time.Second, "n1 to correct its clock", func() bool {
+		return (n1.clocks.Offset() + step).Abs() < 250*time.Millisecond
+	})
+	acquire(t, n1, "stamped-after-the-correction")
+	ahead("after the correction")
+	left := time.Duration(lease.ExpiresAt-n1.Now().UnixMilli()) * time.Millisecond
+	if want := time.Minute - time.Since(granted); (left - want).Abs() > 500*time.Millisecond {
+		t.Fatalf("the one-minute lease has %v left, want about %v", left, want)
 	}
 }
 

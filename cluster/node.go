@@ -321,7 +321,7 @@ func Open(cfg Config) (_ *Node, err error) {
 	// The state file keeps its own applied index; when it survived, raft
 	// must not overwrite it with an older snapshot on start.
 	rc.NoSnapshotRestoreOnStart = n.fsm.Trusted()
-	n.stamps.clock, n.stamps.offset = n.clocks, n.clocks.Offset
+	n.stamps.clock, n.stamps.offset, n.stamps.stepGrace = n.clocks, n.clocks.Offset, clockStepGrace
 	if err := raft.ValidateConfig(rc); err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)
 	}

@@ -539,3 +539,45 @@ func TestOpenThatFailsAnswersAnError(t *testing.T) {
 	again.RaftBind = gossip.RaftBind
 	open(t, again).Close()
 }
+
+// A wall clock that steps ahead is held back: the stamps keep the
+// monotonic clock's pace until a correction takes the step out, or, when
+// none comes, for the grace; a correction that sets the clock on (its
+// probes found it behind) is followed at once.
+func TestStampsHoldBackAStepAheadForTheGrace(t *testing.T) {
+	wall := &steppedClock{t: time.Now()}
+	var mono, off time.Duration
+	s := stampClock{clock: correctedClock{wall, &off}, offset: func() time.Duration { return off },
+		mono: func() time.Duration { return mono }, stepGrace: 10 * time.Second}
+	first := s.next(0)
+	tick := func(d time.Duration) { mono += d; wall.t = wall.t.Add(d) }
+	tick(time.Second)
+	wall.t = wall.t.Add(time.Minute)
+	if got := s.next(0); got != first+1000 {
+		t.Fatalf("right after a step a minute ahead: stamp %d, want %d", got, first+1000)
+	}
+	tick(time.Second)
+	if got := s.peek(0); got != first+2000 {
+		t.Fatalf("a second later: time %d, want %d", got, first+2000)
+	}
+	// The probes show the step.
+	off = -time.Minute
+	tick(time.Second)
+	if got := s.next(0); got != first+3000 {
+		t.Fatalf("after the correction: stamp %d, want %d", got, first+3000)
+	}
+	// The probes find the clock behind by 5 s: followed at once.
+	off += 5 * time.Second
+	tick(time.Second)
+	if got := s.next(0); got != first+9000 {
+		t.Fatalf("after a correction setting the clock on: stamp %d, want %d", got, first+9000)
+	}
+	// A step no correction follows is taken after the grace.
+	wall.t = wall.t.Add(time.Minute)
+	tick(time.Second)
+	held := s.next(0)
+	tick(10 * time.Second)
+	if got := s.next(0); got != held+time.Minute.Milliseconds()+10_000 {
+		t.Fatalf("after the grace: stamp %d, want %d", got, held+time.Minute.Milliseconds()+10_000)
+	}
+}

@@ -340,24 +340,45 @@ func (n *Node) Now() time.Time { return time.UnixMilli(n.stamps.peek(n.fsm.Now()
 // time reaches it), so that stamps this node gave with a clock its probes
 // have since found wrong are not carried on, this term or the next it
 // leads.
+//
+// A wall clock that steps ahead is held back (stepGrace): the stamps go on
+// from the last one that followed the clock (the anchor) at the monotonic
+// clock's pace, and by what corrections since have set the clock on, until
+// the peers' probes show the step (the correction then takes it out) or,
+// for as long as they do not (no majority to follow), for stepGrace.
+// Stamped at once, a step would cut itself off every lease's remaining
+// time, for good.
 type stampClock struct {
-	mu      sync.Mutex
-	clock   Clock
-	offset  func() time.Duration // the clock's correction; nil: none
-	mono    func() time.Duration // monotonic time; nil: since the first use
-	start   time.Time
-	lastMs  int64
-	lastAt  time.Duration
-	lastOff time.Duration
-	issued  bool
+	mu        sync.Mutex
+	clock     Clock
+	offset    func() time.Duration // the clock's correction; nil: none
+	mono      func() time.Duration // monotonic time; nil: since the first use
+	stepGrace time.Duration        // how long a step ahead is held back; 0: not at all
+	start     time.Time
+	lastMs    int64
+	lastAt    time.Duration
+	lastOff   time.Duration
+	issued    bool
+
+	anchorMs  int64 // the last stamp that followed the clock, its monotonic time and correction
+	anchorAt  time.Duration
+	anchorOff time.Duration
+	stepping  bool // the clock has been ahead of the anchor's pace since stepAt
+	stepAt    time.Duration
 }
+
+const (
+	clockStepGrace = 10 * time.Second       // the peers' probes show a step within a few intervals
+	clockStepSlack = 100 * time.Millisecond // a step ahead by less is followed at once
+)
 
 // compute returns the stamp for now (ms), the monotonic time and the
 // correction it is taken at (at, off) and, when it carries on from the
 // previous stamp (carried), the monotonic time that stamp now counts as
 // given at (from): its own, moved on by as much as corrections since have
-// set this node's clock back.
-func (c *stampClock) compute(floor int64) (ms int64, at, off, from time.Duration, carried bool) {
+// set this node's clock back. held tells a stamp that holds back a step of
+// the clock ahead.
+func (c *stampClock) compute(floor int64) (ms int64, at, off, from time.Duration, carried, held bool) {
 	if c.mono == nil {
 		c.start = time.Now()
 		c.mono = func() time.Duration { return time.Since(c.start) }
@@ -367,6 +388,18 @@ func (c *stampClock) compute(floor int64) (ms int64, at, off, from time.Duration
 		off = c.offset()
 	}
 	ms = c.clock.Now().UnixMilli()
+	if c.issued && c.stepGrace > 0 {
+		limit := c.anchorMs + (at - c.anchorAt + max(0, off-c.anchorOff)).Milliseconds()
+		switch {
+		case ms <= limit+clockStepSlack.Milliseconds():
+			c.stepping = false
+		case !c.stepping:
+			c.stepping, c.stepAt = true, at
+			ms, held = limit, true
+		case at-c.stepAt < c.stepGrace:
+			ms, held = limit, true
+		}
+	}
 	if c.issued {
 		from = c.lastAt + max(0, c.lastOff-off)
 		if on := c.lastMs + (at - from).Milliseconds(); on > ms {
@@ -374,30 +407,33 @@ func (c *stampClock) compute(floor int64) (ms int64, at, off, from time.Duration
 		}
 	}
 	if floor > ms {
-		ms, carried = floor, false
+		ms, carried, held = floor, false, false
 	}
-	return ms, at, off, from, carried
+	return ms, at, off, from, carried, held
 }
 
 func (c *stampClock) next(floor int64) int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	ms, at, off, from, carried := c.compute(floor)
+	ms, at, off, from, carried, held := c.compute(floor)
 	if carried {
 		// A stamp the monotonic clock gave (the wall clock is behind):
 		// the part of a millisecond it did not count is kept for the next,
 		// or stamps closer than 1 ms apart would hold the clock still.
 		c.lastAt = from + time.Duration(ms-c.lastMs)*time.Millisecond
 		c.lastMs, c.lastOff = ms, off
-		return ms
+	} else {
+		c.lastMs, c.lastAt, c.lastOff, c.issued = ms, at, off, true
 	}
-	c.lastMs, c.lastAt, c.lastOff, c.issued = ms, at, off, true
+	if !held {
+		c.anchorMs, c.anchorAt, c.anchorOff = c.lastMs, c.lastAt, c.lastOff
+	}
 	return ms
 }
 
 func (c *stampClock) peek(floor int64) int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	ms, _, _, _, _ := c.compute(floor)
+	ms, _, _, _, _, _ := c.compute(floor)
 	return ms
 }
