@@ -134,7 +134,10 @@ func (k *Keys) Acquire(ctx context.Context, p AcquireParams) (*fsm.LeaseInfo, er
 	ttl := k.ttl(p.TTLSeconds)
 	txn := p.TxnID
 	if txn == "" {
-		txn = xid.New().String()
+		// Dated by the members' clock, not this server's own: islands
+		// take a transaction whose id is dated a minute or more off
+		// theirs for one they may have forgotten.
+		txn = xid.NewWithTime(k.clock.Now()).String()
 	} else if txn, err = TxnID(txn); err != nil {
 		return nil, err
 	}
