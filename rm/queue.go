@@ -293,7 +293,9 @@ func (q *Queues) Dequeue(ctx context.Context, p DequeueParams) (*Delivery, error
 	if p.WithState {
 		cmd.StateLease = xid.New().String()
 		if txn == "" {
-			cmd.StateTxn = xid.New().String()
+			// Dated by the members' clock, as an acquire's (Keys.Acquire):
+			// the consumer may carry it to other islands.
+			cmd.StateTxn = xid.NewWithTime(q.clock.Now()).String()
 		}
 	}
 	events, unregister := q.waits.register(req, "", waitDequeue)
