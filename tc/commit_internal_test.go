@@ -97,12 +97,15 @@ func TestAnIslandPreparedAgainThatRefusesIsToldTheRollback(t *testing.T) {
 	}
 }
 
-// failingApplyRemote prepares every participant and fails to reach the
-// island with every decision.
-type failingApplyRemote struct{ countingRemote }
+// refusingRemote prepares every participant and answers every decision
+// with err.
+type refusingRemote struct {
+	countingRemote
+	err error
+}
 
-func (r *failingApplyRemote) Apply(context.Context, string, wire.TxnDecisionRequest) (wire.TxnDecisionResponse, error) {
-	return wire.TxnDecisionResponse{}, errcode.TxnUnreachable.With("island b does not answer")
+func (r *refusingRemote) Apply(context.Context, string, wire.TxnDecisionRequest) (wire.TxnDecisionResponse, error) {
+	return wire.TxnDecisionResponse{}, r.err
 }
 
 // A commit that the state machine records as a rollback (a lease of the
@@ -111,15 +114,8 @@ func (r *failingApplyRemote) Apply(context.Context, string, wire.TxnDecisionRequ
 // not answer txn_fanout_failed, which says the decision asked for was
 // recorded.
 func TestACommitRecordedAsARollbackAnswersTheRollbackWhileAnIslandMissesIt(t *testing.T) {
-	store := newApplyStore(t, time.UnixMilli(50_000_000))
+	c, store := islandAWith(t, &refusingRemote{err: errcode.TxnUnreachable.With("island b does not answer")})
 	ctx := context.Background()
-	if _, err := store.Propose(ctx, &fsm.Command{Op: fsm.OpSetBackend, SetBackend: &fsm.SetBackendCmd{Hash: "a"}}); err != nil {
-		t.Fatal(err)
-	}
-	c := New(store, fixedIsland{"a", []string{"https://a1"}}, &failingApplyRemote{}, store, Config{FanoutAttempts: 1})
-	if _, err := c.Register(ctx, fsm.RMRegisterCmd{Backend: "b", Endpoint: "https://b1", PassedOn: true, ChangedAt: 1_000}); err != nil {
-		t.Fatal(err)
-	}
 	txn := "d4u1jq0n4ncs73cnv2h0"
 	if _, err := store.Propose(ctx, &fsm.Command{Op: fsm.OpAcquire, Acquire: &fsm.AcquireCmd{Namespace: "default", Key: "ka",
 		Owner: "w", TxnID: txn, LeaseID: "d4u1jq0n4ncs73cnv2hg", RequestID: "r1", TTL: 5_000}}); err != nil {
@@ -199,4 +195,42 @@ func TestAPendingDecisionExpiredBeforeItIsRecordedIsInvalidTTL(t *testing.T) {
 	if rec, _ := c.record(context.Background(), "d4u1jq0n4ncs73cnv2ig"); rec != nil {
 		t.Fatalf("record: %+v", rec)
 	}
+}
+
+// A replay that rolls back an expired pending decision answers the
+// rollback, as a repeat of it does, also when an island had committed the
+// transaction itself: a replay tells the decision (an island in doubt
+// asks it for it), not whether the outcome differs between islands.
+func TestAReplayAnswersTheDecisionAnIslandRefused(t *testing.T) {
+	// b answers as an island that had committed the transaction itself
+	// (a local release).
+	c, store := islandAWith(t, &refusingRemote{err: errcode.TxnCommitted.With("transaction already committed")})
+	ctx := context.Background()
+	txn := "d4u1jq0n4ncs73cnv2j0"
+	if _, err := c.Decide(ctx, Decision{TxnID: txn, State: fsm.TxnPending, ExpiresAt: store.now.Add(2 * time.Second),
+		Participants: []fsm.Participant{{Namespace: "default", Key: "ka"}, {Backend: "b", Namespace: "default", Key: "kb"}}}); err != nil {
+		t.Fatal(err)
+	}
+	store.now = store.now.Add(3 * time.Second)
+	for _, attempt := range []string{"replay", "repeated replay"} {
+		if info, err := c.Replay(ctx, txn); err != nil || info.State != fsm.TxnRollback {
+			t.Fatalf("%s: %+v %v, want the rollback", attempt, info, err)
+		}
+	}
+}
+
+// islandAWith is the coordinator of island "a" over a store of its own,
+// whose clock the test moves, reaching island b through remote.
+func islandAWith(t *testing.T, remote Remote) (*Coordinator, *applyStore) {
+	t.Helper()
+	store := newApplyStore(t, time.UnixMilli(50_000_000))
+	ctx := context.Background()
+	if _, err := store.Propose(ctx, &fsm.Command{Op: fsm.OpSetBackend, SetBackend: &fsm.SetBackendCmd{Hash: "a"}}); err != nil {
+		t.Fatal(err)
+	}
+	c := New(store, fixedIsland{"a", []string{"https://a1"}}, remote, store, Config{FanoutAttempts: 1})
+	if _, err := c.Register(ctx, fsm.RMRegisterCmd{Backend: "b", Endpoint: "https://b1", PassedOn: true, ChangedAt: 1_000}); err != nil {
+		t.Fatal(err)
+	}
+	return c, store
 }

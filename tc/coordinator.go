@@ -675,7 +675,9 @@ func (c *Coordinator) replay(ctx context.Context, txn string) (*fsm.TxnInfo, err
 		// long as its leases here, whose expiry rolls it back.)
 		d := Decision{TxnID: txn, State: fsm.TxnRollback, Participants: withBackend(rec.Participants, c.island.BackendHash())}
 		info, err := c.finish(ctx, d, fsm.ReasonPresumedAbort, "the pending decision expired")
-		if errors.Is(err, errcode.TxnFanoutFailed) {
+		if errors.Is(err, errcode.TxnFanoutFailed) || errors.Is(err, errcode.TxnOutcomeMixed) {
+			// The decision is recorded: a replay answers it, as its
+			// repeats do (the resolver replays what is missing).
 			return info, nil
 		}
 		return info, err
