@@ -42,3 +42,30 @@ func TestAnEndpointRecordedWithItsDefaultPortCanBeUnregistered(t *testing.T) {
 		t.Fatalf("b's endpoints: %v, want [http://b3 https://b1]", got)
 	}
 }
+
+// A removal another island passes on that is older than the registration
+// recorded with the default port does not drop that registration: last
+// writer wins per endpoint, whichever way it is spelled.
+func TestAnOlderRemovalPassedOnKeepsAnEndpointRecordedWithItsDefaultPort(t *testing.T) {
+	c, _ := countingCoordinator(t)
+	ctx := context.Background()
+	legacy := fsm.RMRegisterCmd{Backend: "b", Endpoint: "https://b2:443"}
+	if _, err := c.store.Propose(ctx, &fsm.Command{Op: fsm.OpRMRegister, RMRegister: &legacy}); err != nil {
+		t.Fatal(err)
+	}
+	_, all, err := c.registry(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at, _, _ := all["b"].ChangedAt("https://b2:443")
+	stale := fsm.RMRegisterCmd{Backend: "b", Endpoint: "https://b2", Remove: true, PassedOn: true, ChangedAt: at - 1}
+	if _, err := c.Register(ctx, stale); err != nil {
+		t.Fatal(err)
+	}
+	if _, all, err = c.registry(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := all["b"].Endpoints; !slices.Contains(got, "https://b2:443") && !slices.Contains(got, "https://b2") {
+		t.Fatalf("b's endpoints after a removal older than its registration: %v", got)
+	}
+}

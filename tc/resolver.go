@@ -306,11 +306,15 @@ func (c *Coordinator) Register(ctx context.Context, ch fsm.RMRegisterCmd) (fsm.R
 	if err != nil {
 		return fsm.RMInfo{}, errcode.TCRMReplication.With("reading the registry: %v", err)
 	}
-	if legacy := withDefaultPort(ch.Endpoint); slices.Contains(all[ch.Backend].Endpoints, legacy) {
+	legacy := withDefaultPort(ch.Endpoint)
+	if at, _, _ := all[ch.Backend].ChangedAt(legacy); slices.Contains(all[ch.Backend].Endpoints, legacy) &&
+		(!ch.PassedOn || ch.ChangedAt > at || ch.ChangedAt == at && ch.Remove) {
 		// The endpoint as older servers recorded it, with its scheme's
 		// default port: the change is of that one endpoint, so the old
-		// spelling goes. Only here: another island passed this change
-		// drops its own old spelling the same way.
+		// spelling goes, unless the change is another island's older
+		// than it (last writer wins, as fsm.RMEntry.Apply rules). Only
+		// here: another island passed this change drops its own old
+		// spelling the same way.
 		drop := fsm.RMRegisterCmd{Backend: ch.Backend, Endpoint: legacy, Remove: true}
 		if _, err := c.store.Propose(ctx, &fsm.Command{Op: fsm.OpRMRegister, RMRegister: &drop}); err != nil {
 			return fsm.RMInfo{}, errcode.TCRMReplication.With("removing %s, recorded in another spelling: %v", legacy, err)
