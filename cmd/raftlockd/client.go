@@ -278,10 +278,12 @@ var leaseVars = []string{"LEASE", "TXN_ID", "FENCING_TOKEN", "EXPIRES_AT", "VERS
 
 // txnOver reports whether err, the answer to a release, an ack or a nack,
 // leaves the transaction it ended over for good: it succeeded, or it was
-// refused because the transaction is already decided (txn_committed), or
+// refused because the transaction is already decided (txn_committed, or
+// txn_outcome_mixed: decided, but an island had decided the other way), or
 // can only roll back (txn_rolled_back: a lease of it expired).
 func txnOver(err error) bool {
-	return err == nil || errors.Is(err, errcode.TxnRolledBack) || errors.Is(err, errcode.TxnCommitted)
+	return err == nil || errors.Is(err, errcode.TxnRolledBack) || errors.Is(err, errcode.TxnCommitted) ||
+		errors.Is(err, errcode.TxnOutcomeMixed)
 }
 
 func newClientCmd() *cobra.Command {
