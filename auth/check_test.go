@@ -428,6 +428,8 @@ func TestACertificateOfACAOutOfItsValidityIsRefusedAsExpired(t *testing.T) {
 	ownExpired := recertify(t, own, nil, now.Add(-48*time.Hour), now.Add(-time.Hour))
 	ownNotYet := recertify(t, own, nil, now.Add(time.Hour), now.Add(48*time.Hour))
 	foreignExpired := recertify(t, foreign, nil, now.Add(-48*time.Hour), now.Add(-time.Hour))
+	strangerExpired := recertify(t, stranger, nil, now.Add(-48*time.Hour), now.Add(-time.Hour))
+	strangerNotYet := recertify(t, stranger, nil, now.Add(time.Hour), now.Add(48*time.Hour))
 
 	// An intermediate CA of the own CA, presented with an expired
 	// certificate.
@@ -456,6 +458,11 @@ func TestACertificateOfACAOutOfItsValidityIsRefusedAsExpired(t *testing.T) {
 		{name: "intermediate valid", cas: own.CAs, chain: []*x509.Certificate{viaInter.Cert, inter.Cert}},
 		{name: "trusted foreign CA expired", cas: own.CAs, chain: chain(foreignSrv), foreign: true, wantErr: ErrExpired},
 		{name: "unknown CA beside an expired one", cas: []*x509.Certificate{ownExpired}, chain: chain(strangerSrv), foreign: true, wantErr: ErrUnknownCA},
+		// A CA certificate out of its validity that leads to no trusted
+		// CA leaves the chain untrusted, whatever its dates.
+		{name: "unknown CA presented expired", cas: own.CAs, chain: []*x509.Certificate{strangerSrv.Cert, strangerExpired}, wantErr: ErrUnknownCA},
+		{name: "unknown CA presented expired to a node trusting others", cas: own.CAs, chain: []*x509.Certificate{strangerSrv.Cert, strangerExpired}, foreign: true, wantErr: ErrUnknownCA},
+		{name: "unknown CA presented not valid yet", cas: own.CAs, chain: []*x509.Certificate{strangerSrv.Cert, strangerNotYet}, wantErr: ErrUnknownCA},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			node := mustIssue(t, own, RoleServer, IssueOptions{Name: "node"})

@@ -59,8 +59,12 @@ func verify(chain []*x509.Certificate, roots *x509.CertPool, now time.Time, usag
 	}
 	// A CA certificate that signed the chain but is outside its validity
 	// period comes back as such (the certificate itself was checked
-	// above): the chain is refused for the time, not for its signer.
-	if invalid := (x509.CertificateInvalidError{}); errors.As(err, &invalid) && invalid.Reason == x509.Expired {
+	// above): the chain is refused for the time, not for its signer, when
+	// that CA is trusted. One that leads to no trusted CA, such as an
+	// expired CA certificate a caller presents with its own, leaves the
+	// chain untrusted, whatever its dates.
+	if invalid := (x509.CertificateInvalidError{}); errors.As(err, &invalid) && invalid.Reason == x509.Expired &&
+		trustedOutOfTime(invalid.Cert, roots, inter, now) {
 		return Identity{}, validity{}, fmt.Errorf("%w: a CA certificate of its chain: %v", ErrExpired, err)
 	}
 	if err != nil {
@@ -85,6 +89,33 @@ func verify(chain []*x509.Certificate, roots *x509.CertPool, now time.Time, usag
 	root := chains[0][len(chains[0])-1]
 	id.CA = Fingerprint(root)
 	return id, v, nil
+}
+
+// trustedOutOfTime tells whether ca, a CA certificate outside its validity
+// period at now, is one of roots or chains to them (through inter) at a time
+// it is valid, its issuers' own validity judged the same way.
+func trustedOutOfTime(ca *x509.Certificate, roots, inter *x509.CertPool, now time.Time) bool {
+	for range 8 { // a chain's length, at most
+		at := now
+		if at.Before(ca.NotBefore) {
+			at = ca.NotBefore
+		}
+		if at.After(ca.NotAfter) {
+			at = ca.NotAfter
+		}
+		_, err := ca.Verify(x509.VerifyOptions{Roots: roots, Intermediates: inter, CurrentTime: at,
+			KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageAny}})
+		invalid := x509.CertificateInvalidError{}
+		switch {
+		case err == nil:
+			return true
+		case errors.As(err, &invalid) && invalid.Reason == x509.Expired && invalid.Cert != nil && !invalid.Cert.Equal(ca):
+			ca = invalid.Cert // its issuer is out of time then: judged at a time it is valid
+		default:
+			return false
+		}
+	}
+	return false
 }
 
 // Source serves a node's TLS material from its bundle file. Reload reads
