@@ -217,6 +217,10 @@ func Open(cfg Config) (_ *Node, err error) {
 	}
 	// The freelist is rebuilt on open instead of being rewritten (and
 	// synced) on every append.
+	if err := fsm.CheckFileLength(raftLogIn(raftDir)); err != nil {
+		return nil, fmt.Errorf("cluster: Raft log %w; restore the data directory from a copy, or, when other "+
+			"servers of the cluster hold the log, empty it (keeping node-id and tls) to catch up from them", err)
+	}
 	n.store, err = raftboltdb.New(raftboltdb.Options{Path: raftLogIn(raftDir),
 		BoltOptions: &bolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bolt.FreelistMapType}})
 	if err != nil {

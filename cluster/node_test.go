@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -579,5 +580,38 @@ func TestStampsHoldBackAStepAheadForTheGrace(t *testing.T) {
 	tick(10 * time.Second)
 	if got := s.next(0); got != held+time.Minute.Milliseconds()+10_000 {
 		t.Fatalf("after the grace: stamp %d, want %d", got, held+time.Minute.Milliseconds()+10_000)
+	}
+}
+
+// A state file or Raft log shorter than its pages (a copy cut short, a
+// full disk) stops the start with an error naming the file, instead of a
+// memory fault when bbolt reads past its end.
+func TestTruncatedFilesAreRefusedOnStart(t *testing.T) {
+	for _, file := range []string{"state.db", filepath.Join("raft", "raft.db")} {
+		t.Run(file, func(t *testing.T) {
+			dir := t.TempDir()
+			n := open(t, testConfig(dir, "boot-a"))
+			for i := 0; i < 50; i++ {
+				acquire(t, n, "k"+strconv.Itoa(i))
+			}
+			if err := n.Close(); err != nil {
+				t.Fatal(err)
+			}
+			path := filepath.Join(dir, file)
+			if err := os.Truncate(path, 8192); err != nil {
+				t.Fatal(err)
+			}
+			n, err := Open(testConfig(dir, "boot-a"))
+			if err == nil {
+				n.Close()
+				t.Fatal("a truncated file was opened")
+			}
+			if !errors.Is(err, fsm.ErrTruncated) || !strings.Contains(err.Error(), path) {
+				t.Fatalf("err = %v, want it to say that %s is truncated", err, path)
+			}
+			if fi, err := os.Stat(path); err != nil || fi.Size() != 8192 {
+				t.Fatalf("the truncated file was touched: %v %v", fi, err)
+			}
+		})
 	}
 }

@@ -202,6 +202,10 @@ func Open(path string, opts Options) (*FSM, error) {
 const defaultMmapSize = (1 << 30) * (1 + 9*(strconv.IntSize/64))
 
 func openDB(path string, mmapSize int) (*bolt.DB, error) {
+	if err := CheckFileLength(path); err != nil {
+		return nil, fmt.Errorf("fsm: state file %w; move it (and %s) out of the data directory "+
+			"to have it rebuilt from the snapshots and Raft log on start", err, filepath.Base(markerPath(path)))
+	}
 	db, err := bolt.Open(path, 0o600, &bolt.Options{
 		Timeout:         time.Second,
 		NoSync:          true,
