@@ -325,6 +325,9 @@ func Open(cfg Config) (_ *Node, err error) {
 	// The state file keeps its own applied index; when it survived, raft
 	// must not overwrite it with an older snapshot on start.
 	rc.NoSnapshotRestoreOnStart = n.fsm.Trusted()
+	if err := n.checkReplay(snaps, raftDir, rc.NoSnapshotRestoreOnStart); err != nil {
+		return nil, err
+	}
 	n.stamps.clock, n.stamps.offset, n.stamps.stepGrace = n.clocks, n.clocks.Offset, clockStepGrace
 	if err := raft.ValidateConfig(rc); err != nil {
 		return nil, fmt.Errorf("cluster: %w", err)

@@ -615,3 +615,69 @@ func TestTruncatedFilesAreRefusedOnStart(t *testing.T) {
 		})
 	}
 }
+
+// A damaged newest snapshot, with the log compacted past the older one,
+// stops the start with an error naming it, instead of a panic in raft when
+// it replays the log from the older snapshot.
+func TestDamagedSnapshotBeforeACompactedLogIsRefused(t *testing.T) {
+	for name, damage := range map[string]func(snap string) error{
+		"garbage meta.json": func(snap string) error {
+			return os.WriteFile(filepath.Join(snap, "meta.json"), []byte("garbage"), 0o600)
+		},
+		"state.bin missing":  func(snap string) error { return os.Remove(filepath.Join(snap, "state.bin")) },
+		"state.bin is short": func(snap string) error { return os.Truncate(filepath.Join(snap, "state.bin"), 100) },
+	} {
+		for _, kept := range []bool{true, false} {
+			t.Run(name+" kept="+strconv.FormatBool(kept), func(t *testing.T) {
+				dir := t.TempDir()
+				cfg := testConfig(dir, "boot-a")
+				cfg.TrailingLogs = 1
+				n := open(t, cfg)
+				for round := range 2 {
+					for i := 0; i < 5; i++ {
+						acquire(t, n, "k"+strconv.Itoa(round)+"-"+strconv.Itoa(i))
+					}
+					if err := n.Snapshot(); err != nil {
+						t.Fatal(err)
+					}
+				}
+				acquire(t, n, "last")
+				metas, err := n.snaps.List()
+				if err != nil || len(metas) != 2 {
+					t.Fatalf("snapshots: %v %v", metas, err)
+				}
+				if err := n.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if !kept { // the state file is rebuilt from a snapshot
+					if err := os.Remove(filepath.Join(dir, "state.db.marker")); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if err := damage(filepath.Join(raftDirOf(dir), "snapshots", metas[0].ID)); err != nil {
+					t.Fatal(err)
+				}
+				if kept && name != "garbage meta.json" {
+					// Raft does not read the data of the snapshot it
+					// starts from when the state file is kept.
+					n = open(t, cfg)
+					defer n.Close()
+					var ok bool
+					_ = n.Read(context.Background(), func(v *fsm.View) error { _, ok = v.Key("default", "last"); return nil })
+					if !ok {
+						t.Fatal("the kept state lost its last write")
+					}
+					return
+				}
+				n, err = Open(cfg)
+				if err == nil {
+					n.Close()
+					t.Fatal("opened")
+				}
+				if !strings.Contains(err.Error(), metas[0].ID) {
+					t.Fatalf("err = %v, want it to name snapshot %s", err, metas[0].ID)
+				}
+			})
+		}
+	}
+}
