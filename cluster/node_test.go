@@ -250,6 +250,87 @@ func TestStateFileAheadOfTheLogIsDiscarded(t *testing.T) {
 	}
 }
 
+// TestAnotherClustersStateFileIsDiscarded puts the state file of another
+// single-node cluster, at the same applied index and term, into a node's
+// data directory: the island's backend hash, in the snapshot or in the log,
+// tells the two apart, and the node serves its own keys.
+func TestAnotherClustersStateFileIsDiscarded(t *testing.T) {
+	for _, snapshot := range []bool{false, true} {
+		t.Run("snapshot="+strconv.FormatBool(snapshot), func(t *testing.T) {
+			own, other := t.TempDir(), t.TempDir()
+			a := open(t, testConfig(own, "boot-a"))
+			b := open(t, testConfig(other, "boot-a"))
+			for _, n := range []*Node{a, b} {
+				deadline := time.Now().Add(10 * time.Second)
+				for n.FSM().BackendHash() == "" {
+					if time.Now().After(deadline) {
+						t.Fatal("the island was not named")
+					}
+					time.Sleep(10 * time.Millisecond)
+				}
+			}
+			for i := 0; i < 5; i++ {
+				acquire(t, a, "own-"+strconv.Itoa(i))
+				acquire(t, b, "other-"+strconv.Itoa(i))
+			}
+			for i := 0; a.FSM().Applied() != b.FSM().Applied(); i++ {
+				n := a
+				if b.FSM().Applied() < a.FSM().Applied() {
+					n = b
+				}
+				acquire(t, n, "more-"+strconv.Itoa(i))
+			}
+			if snapshot {
+				for _, n := range []*Node{a, b} {
+					if err := n.Snapshot(); err != nil {
+						t.Fatal(err)
+					}
+				}
+			}
+			for _, n := range []*Node{a, b} {
+				if err := n.Close(); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if a.FSM().Applied() != b.FSM().Applied() || a.FSM().AppliedTerm() != b.FSM().AppliedTerm() {
+				t.Fatalf("the clusters applied %d (term %d) and %d (term %d); the test needs them equal",
+					a.FSM().Applied(), a.FSM().AppliedTerm(), b.FSM().Applied(), b.FSM().AppliedTerm())
+			}
+			for _, f := range []string{"state.db", "state.db.marker"} {
+				raw, err := os.ReadFile(filepath.Join(other, f))
+				if err != nil {
+					t.Fatal(err)
+				}
+				if err := os.WriteFile(filepath.Join(own, f), raw, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+
+			n := open(t, testConfig(own, "boot-a"))
+			defer n.Close()
+			if n.FSM().Trusted() {
+				t.Fatal("another cluster's state file was trusted")
+			}
+			var ownKey, otherKey bool
+			deadline := time.Now().Add(5 * time.Second)
+			for {
+				_ = n.Read(context.Background(), func(v *fsm.View) error {
+					_, ownKey = v.Key("default", "own-4")
+					_, otherKey = v.Key("default", "other-4")
+					return nil
+				})
+				if ownKey && !otherKey || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(10 * time.Millisecond)
+			}
+			if !ownKey || otherKey {
+				t.Fatalf("the node serves its own keys: %v, the other cluster's: %v", ownKey, otherKey)
+			}
+		})
+	}
+}
+
 func TestStateFileBehindTheSnapshotIsRebuilt(t *testing.T) {
 	dir := t.TempDir()
 	n := open(t, testConfig(dir, "boot-a"))

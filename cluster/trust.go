@@ -14,9 +14,10 @@ import (
 // Raft log and snapshots before raft is told to keep it. The file is
 // discarded (and rebuilt by raft from the latest snapshot and the log) when
 // it is behind the latest snapshot, ahead of everything raft holds, or
-// disagrees with the log about the term of its last applied entry: for
-// example after a crash in the middle of installing a snapshot, or when the
-// Raft directory was replaced.
+// disagrees with the log about the term of its last applied entry or with
+// the snapshots and log about the island's backend hash: for example after
+// a crash in the middle of installing a snapshot, when the Raft directory
+// was replaced, or when another cluster's state file was copied in.
 func (n *Node) checkTrust(snaps raft.SnapshotStore) error {
 	if !n.fsm.Trusted() {
 		return nil
@@ -78,7 +79,52 @@ func (n *Node) distrust(snaps raft.SnapshotStore) (string, error) {
 			return fmt.Sprintf("applied index %d is behind snapshot %d", applied, snapIndex), nil
 		}
 	}
-	return "", nil
+	return n.foreign(metas, first, inLog), nil
+}
+
+// foreign tells whether the state file belongs to another island (another
+// cluster's file copied in): its backend hash, the island's identity set by
+// the first set_backend entry, differs from the one the snapshots and the
+// log hold. Two clusters may well share an applied index and its term. The
+// cluster's hash is read from the newest snapshot that reads back, or, when
+// that holds none, from the first log entry up to the applied index that
+// names the island. It has no opinion when the cluster's records do not
+// tell.
+func (n *Node) foreign(metas []*raft.SnapshotMeta, first uint64, inLog func(uint64) (*raft.Log, bool)) string {
+	applied, own := n.fsm.Applied(), n.fsm.BackendHash()
+	var theirs string
+	var at uint64 // the island was named at or before this index
+	// whole: the records seen hold every entry up to the applied index.
+	whole := first <= 1
+	for _, m := range metas {
+		path := filepath.Join(raftDirOf(n.cfg.DataDir), "snapshots", m.ID, "state.bin")
+		hash, snapApplied, err := fsm.StateBackend(path)
+		if err != nil {
+			n.cfg.Logger.Warn("cannot read a snapshot's backend hash", "snapshot", m.ID, "error", err)
+			continue
+		}
+		theirs, at, whole = hash, snapApplied, first <= m.Index+1
+		break
+	}
+	for i := max(first, 1); theirs == "" && whole && i <= applied; i++ {
+		l, ok := inLog(i)
+		if !ok {
+			whole = false
+			break
+		}
+		if l.Type == raft.LogCommand {
+			theirs, at = fsm.EntryBackend(l.Data), i
+		}
+	}
+	switch {
+	case own == theirs:
+		return ""
+	case own != "" && theirs != "",
+		own == "" && at <= applied,
+		theirs == "" && whole:
+		return fmt.Sprintf("its backend hash %q differs from the cluster's %q: it is another cluster's state file", own, theirs)
+	}
+	return ""
 }
 
 // dropsApplied stops the node when raft cuts off log entries from min on

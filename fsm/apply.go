@@ -812,7 +812,7 @@ func (s *applyState) sweepKeyWaits(budget int, res *SweepResult) int {
 }
 
 func (s *applyState) setBackend(c *SetBackendCmd) *Result {
-	if len(c.Hash) > 128 || c.Voters < 0 || c.Voters > maxVoters || c.Hash == "" && c.Voters == 0 {
+	if !c.valid() {
 		return fail(errcode.MalformedCmd.With("set_backend needs a hash of 1-128 bytes or a voter count of 1-%d", maxVoters))
 	}
 	meta := s.b(bucketMeta)
@@ -824,6 +824,11 @@ func (s *applyState) setBackend(c *SetBackendCmd) *Result {
 		s.put(bucketMeta, metaVoters, putU64(uint64(c.Voters)))
 	}
 	return &Result{}
+}
+
+// valid reports whether setBackend accepts c.
+func (c *SetBackendCmd) valid() bool {
+	return len(c.Hash) <= 128 && c.Voters >= 0 && c.Voters <= maxVoters && (c.Hash != "" || c.Voters != 0)
 }
 
 // maxVoters bounds a recorded voter count.

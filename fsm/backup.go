@@ -48,63 +48,86 @@ func CheckStateFile(path string) (applied uint64, err error) { return checkState
 // is refused instead of served.
 func CheckBackupFile(path string) (applied uint64, err error) { return checkStateFile(path, true) }
 
-func checkStateFile(path string, contents bool) (applied uint64, err error) {
-	err = guard(func() error {
+// viewStateFile opens the file at path read-only and runs fn in a read
+// transaction, under guard.
+func viewStateFile(path string, fn func(tx *bolt.Tx) error) error {
+	return guard(func() error {
 		db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second, ReadOnly: true})
 		if err != nil {
 			return errcode.InvalidSnapshot.With("not a raftlockd state file: %v", err)
 		}
 		defer db.Close()
-		return db.View(func(tx *bolt.Tx) error {
-			if err := checkPages(tx); err != nil {
-				return errcode.InvalidSnapshot.With("the state file is damaged: %v", err)
+		return db.View(fn)
+	})
+}
+
+func checkStateFile(path string, contents bool) (applied uint64, err error) {
+	err = viewStateFile(path, func(tx *bolt.Tx) error {
+		if err := checkPages(tx); err != nil {
+			return errcode.InvalidSnapshot.With("the state file is damaged: %v", err)
+		}
+		for _, name := range [][]byte{bucketMeta, bucketKeys, bucketDocs} {
+			if tx.Bucket(name) == nil {
+				return errcode.InvalidSnapshot.With("not a raftlockd state file: no %q bucket", name)
 			}
-			for _, name := range [][]byte{bucketMeta, bucketKeys, bucketDocs} {
-				if tx.Bucket(name) == nil {
-					return errcode.InvalidSnapshot.With("not a raftlockd state file: no %q bucket", name)
+		}
+		v := tx.Bucket(bucketMeta).Get(metaApplied)
+		if v != nil && len(v) != 16 {
+			return errcode.InvalidSnapshot.With("not a raftlockd state file: malformed applied index")
+		}
+		applied = u64(v)
+		// A state whose rules this build does not know would be applied
+		// by the rules it knows, unlike the servers that raised them.
+		if rules := u64(tx.Bucket(bucketMeta).Get(metaRules)); rules > EntryFormat {
+			return errcode.InvalidSnapshot.With("the state follows the rules of entry format %d; this build applies up to %d: upgrade this node", rules, EntryFormat)
+		}
+		// The records Apply decodes must decode: a bad one would stop
+		// every node that installed the file.
+		for _, rec := range recordChecks {
+			b := tx.Bucket(rec.bucket)
+			if b == nil {
+				continue
+			}
+			err := b.ForEach(func(k, v []byte) error {
+				if rec.decode(k, v) != nil {
+					return errcode.InvalidSnapshot.With("%s record %q is malformed", rec.bucket, k)
 				}
+				return nil
+			})
+			if err != nil {
+				return err
 			}
-			v := tx.Bucket(bucketMeta).Get(metaApplied)
-			if v != nil && len(v) != 16 {
-				return errcode.InvalidSnapshot.With("not a raftlockd state file: malformed applied index")
+		}
+		if err := staging.Check(tx); err != nil {
+			return errcode.InvalidSnapshot.With("%v", err)
+		}
+		if contents {
+			if err := checkContents(tx); err != nil {
+				return err
 			}
-			applied = u64(v)
-			// A state whose rules this build does not know would be applied
-			// by the rules it knows, unlike the servers that raised them.
-			if rules := u64(tx.Bucket(bucketMeta).Get(metaRules)); rules > EntryFormat {
-				return errcode.InvalidSnapshot.With("the state follows the rules of entry format %d; this build applies up to %d: upgrade this node", rules, EntryFormat)
-			}
-			// The records Apply decodes must decode: a bad one would stop
-			// every node that installed the file.
-			for _, rec := range recordChecks {
-				b := tx.Bucket(rec.bucket)
-				if b == nil {
-					continue
-				}
-				err := b.ForEach(func(k, v []byte) error {
-					if rec.decode(k, v) != nil {
-						return errcode.InvalidSnapshot.With("%s record %q is malformed", rec.bucket, k)
-					}
-					return nil
-				})
-				if err != nil {
-					return err
-				}
-			}
-			if err := staging.Check(tx); err != nil {
-				return errcode.InvalidSnapshot.With("%v", err)
-			}
-			if contents {
-				if err := checkContents(tx); err != nil {
-					return err
-				}
-			}
-			// Reading every key and value touches every page: a truncated
-			// or damaged file fails here rather than in Apply.
-			return tx.ForEach(func(_ []byte, b *bolt.Bucket) error { return walk(b) })
-		})
+		}
+		// Reading every key and value touches every page: a truncated
+		// or damaged file fails here rather than in Apply.
+		return tx.ForEach(func(_ []byte, b *bolt.Bucket) error { return walk(b) })
 	})
 	return applied, err
+}
+
+// StateBackend returns the island's backend hash recorded in the state
+// file at path ("" when none is) and the file's applied index. It opens the
+// file read-only, as a raftlockd state file that raft or another process
+// may hold (a snapshot's data). Anything that is not a readable state file
+// is errcode.InvalidSnapshot.
+func StateBackend(path string) (backend string, applied uint64, err error) {
+	err = viewStateFile(path, func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if meta == nil {
+			return errcode.InvalidSnapshot.With("not a raftlockd state file: no %q bucket", bucketMeta)
+		}
+		backend, applied = string(meta.Get(metaBackend)), u64(meta.Get(metaApplied))
+		return nil
+	})
+	return backend, applied, err
 }
 
 // recordChecks decodes the records of every bucket whose values Apply

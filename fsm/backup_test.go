@@ -466,3 +466,50 @@ func TestRestoreKeepsTheRulesAndRefusesNewerOnes(t *testing.T) {
 		t.Fatalf("a state of newer rules: %v, want invalid_snapshot saying to upgrade", err)
 	}
 }
+
+// The island's backend hash is read from the entry that names it (alone or
+// packed) and from a state file, opened read-only; entries that name no
+// island, or that set_backend rejects, name none.
+func TestTheIslandIsNamedByItsFirstSetBackend(t *testing.T) {
+	enc := func(c *Command) []byte {
+		data, err := Encode(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return data
+	}
+	setBackend := func(hash string, voters int) *Command {
+		return &Command{Op: OpSetBackend, SetBackend: &SetBackendCmd{Hash: hash, Voters: voters}}
+	}
+	noop := enc(&Command{Op: OpNoop, Noop: &NoopCmd{}})
+	for _, c := range []struct {
+		data []byte
+		want string
+	}{
+		{enc(setBackend("island-a", 0)), "island-a"},
+		{enc(setBackend("", 3)), ""},
+		{enc(setBackend(strings.Repeat("x", 129), 0)), ""},
+		{noop, ""},
+		{EncodePacked([][]byte{noop, enc(setBackend("island-b", 0))}), "island-b"},
+		{[]byte("garbage"), ""},
+		{nil, ""},
+	} {
+		if got := EntryBackend(c.data); got != c.want {
+			t.Errorf("EntryBackend(%q) = %q, want %q", c.data, got, c.want)
+		}
+	}
+
+	h := openHarness(t, t.TempDir())
+	h.run(setBackend("island-a", 0), setBackend("island-b", 0))
+	backend, applied, err := StateBackend(snapshotFile(t, h))
+	if err != nil || backend != "island-a" || applied != h.f.Applied() {
+		t.Fatalf("StateBackend = %q, %d, %v; want island-a, %d", backend, applied, err, h.f.Applied())
+	}
+	other := filepath.Join(t.TempDir(), "other")
+	if err := os.WriteFile(other, []byte("not a state file"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := StateBackend(other); !errors.Is(err, errcode.InvalidSnapshot) {
+		t.Fatalf("StateBackend of another file: %v", err)
+	}
+}

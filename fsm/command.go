@@ -401,6 +401,26 @@ func unpack(data []byte) ([][]byte, error) {
 	return cmds, nil
 }
 
+// EntryBackend returns the backend hash that a log entry's data (one
+// encoded command or a packed entry) names the island with, "" when it
+// names none. Only the first such entry applied names the island.
+func EntryBackend(data []byte) string {
+	cmds := [][]byte{data}
+	if len(data) > 0 && data[0] == formatPacked {
+		var err error
+		if cmds, err = unpack(data); err != nil {
+			return ""
+		}
+	}
+	for _, raw := range cmds {
+		c, err := Decode(raw)
+		if err == nil && c.Op == OpSetBackend && c.SetBackend.valid() && c.SetBackend.Hash != "" {
+			return c.SetBackend.Hash
+		}
+	}
+	return ""
+}
+
 // Decode parses an encoded command. It rejects anything Encode would not have
 // produced, with errcode.MalformedCmd, and never panics.
 func Decode(data []byte) (*Command, error) {
