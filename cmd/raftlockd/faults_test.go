@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -452,7 +453,20 @@ func TestASecondSignalStopsAShutdownAtOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer half.Close()
-	if _, err := io.WriteString(half, "POST /v1/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{"); err != nil {
+	// The server asks for the body (100 Continue) once its handler reads
+	// it: the request has begun before the shutdown does, on a busy
+	// machine too (a connection not yet accepted, or not yet read, would
+	// be closed at once by the shutdown).
+	if _, err := io.WriteString(half, "POST /v1/acquire HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n"+
+		"Content-Type: application/json\r\nExpect: 100-continue\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = half.SetReadDeadline(time.Now().Add(10 * time.Second))
+	line, err := bufio.NewReader(half).ReadString('\n')
+	if err != nil || !strings.Contains(line, " 100 ") {
+		t.Fatalf("the server did not ask for the body: %q %v", line, err)
+	}
+	if _, err := io.WriteString(half, "{"); err != nil {
 		t.Fatal(err)
 	}
 	if err := syscall.Kill(srv.cmd.Process.Pid, syscall.SIGTERM); err != nil {
