@@ -592,18 +592,14 @@ func (s *Server) shutDownAfterLeaving() {
 // freshConns tracks the API connections on which no request has begun.
 // http.Server.Shutdown waits for such a connection as for one serving a
 // request, for up to five seconds; a client's transport often holds one
-// (dialed for a request that then went out on another connection). Nor
-// does it answer a request it reads from one once it has begun: it closes
-// the connection instead. So shutdown first lets the requests already
-// sent on them begin (settle), for up to freshGrace, then closes those
-// still without one, as if they had arrived after it. (The API speaks
-// HTTP/1.1, where a connection's first request moves it on from
+// (dialed for a request that then went out on another connection). At
+// shutdown they are closed at once, as if they had arrived after it. (The
+// API speaks HTTP/1.1, where a connection's first request moves it on from
 // StateNew.)
 type freshConns struct {
-	mu      sync.Mutex
-	conns   map[net.Conn]struct{}
-	closed  bool
-	settled chan struct{} // closed once no connection is without a request; nil: none waits
+	mu     sync.Mutex
+	conns  map[net.Conn]struct{}
+	closed bool
 }
 
 // track is the http.Server's ConnState hook.
@@ -612,10 +608,6 @@ func (f *freshConns) track(c net.Conn, st http.ConnState) {
 	defer f.mu.Unlock()
 	if st != http.StateNew {
 		delete(f.conns, c)
-		if len(f.conns) == 0 && f.settled != nil {
-			close(f.settled)
-			f.settled = nil
-		}
 		return
 	}
 	if f.closed {
@@ -626,28 +618,6 @@ func (f *freshConns) track(c net.Conn, st http.ConnState) {
 		f.conns = map[net.Conn]struct{}{}
 	}
 	f.conns[c] = struct{}{}
-}
-
-// settle waits until every connection has a request (or is closed), for
-// up to grace and while ctx lasts.
-func (f *freshConns) settle(ctx context.Context, grace time.Duration) {
-	f.mu.Lock()
-	if len(f.conns) == 0 {
-		f.mu.Unlock()
-		return
-	}
-	if f.settled == nil {
-		f.settled = make(chan struct{})
-	}
-	settled := f.settled
-	f.mu.Unlock()
-	t := time.NewTimer(grace)
-	defer t.Stop()
-	select {
-	case <-settled:
-	case <-t.C:
-	case <-ctx.Done():
-	}
 }
 
 // closeAll closes the connections without a request, and any that arrive
@@ -669,16 +639,7 @@ func (f *freshConns) closeAll() {
 // then told to retry elsewhere.
 const drainGrace = 500 * time.Millisecond
 
-// freshGrace is how long shutdown waits for the requests sent on
-// connections the server has not read from yet: they are served as the
-// requests in flight are. Closed under it, a client could not tell its
-// request from one cut short after it took effect.
-const freshGrace = 200 * time.Millisecond
-
 func (s *Server) close(ctx context.Context) error {
-	// Every answer from now on closes its connection, and idle ones close.
-	s.http.SetKeepAlivesEnabled(false)
-	s.fresh.settle(ctx, freshGrace)
 	s.fresh.closeAll()
 	shut := make(chan error, 1)
 	go func() { shut <- s.http.Shutdown(ctx) }()
